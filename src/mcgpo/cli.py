@@ -31,7 +31,17 @@ __all__ = ["main"]
 # Which top-level fields and sections each command takes.
 COMMANDS: dict[str, tuple[tuple[str, ...], tuple[str, ...], str]] = {
     "sft": (
-        ("model", "out", "preset", "device", "seed", "threads", "deterministic", "progress"),
+        (
+            "model",
+            "corpus_episodes",
+            "out",
+            "preset",
+            "device",
+            "seed",
+            "threads",
+            "deterministic",
+            "progress",
+        ),
         ("env", "rollout", "sft", "eval"),
         "warm start: fine-tune the policy on the environment's expert demonstrations",
     ),
@@ -41,7 +51,7 @@ COMMANDS: dict[str, tuple[tuple[str, ...], tuple[str, ...], str]] = {
         "reinforcement learning: collect, advantages, update, log, evaluate, checkpoint",
     ),
     "eval": (
-        ("model", "out", "preset", "device", "seed", "threads", "progress"),
+        ("model", "corpus_episodes", "out", "preset", "device", "seed", "threads", "progress"),
         ("env", "rollout", "eval"),
         "evaluate a policy on held-out tasks (success per task type, score)",
     ),

@@ -43,9 +43,17 @@ def test_bench_two_algorithms_two_seeds_end_to_end(tmp_path):
         str(out),
         "--parallel",
         "2",
+        "--set",
+        "env.max_turns=2",  # the warm start gets env options too (same env as the runs)
+        "--set",
+        "train.lr=0.002",  # train-only: the runs get it, the warm start (sft) does not
     ]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
+    warm_cfg = (out / "warmstart" / "config.toml").read_text()
+    run_cfg = (out / "runs" / "grpo-s0" / "config.toml").read_text()
+    assert "max_turns = 2" in warm_cfg and "max_turns = 2" in run_cfg
+    assert "lr = 0.002" in run_cfg and "--train.lr" not in warm_cfg.splitlines()[0]
     md = (out / "results.md").read_text()
     assert "| grpo | 2 |" in md and "| mcgpo | 2 |" in md
     assert (out / "curves.png").read_bytes()[:4] == b"\x89PNG"
@@ -66,3 +74,12 @@ def test_bench_two_algorithms_two_seeds_end_to_end(tmp_path):
     assert (out / "results.md").read_text().split("## ")[0].splitlines()[4:] == md.split("## ")[
         0
     ].splitlines()[4:]
+
+
+def test_warm_start_gets_only_the_keys_sft_takes():
+    from mcgpo.bench.commands import _warm_start_takes
+
+    for key in ("env.name", "env.max_turns", "rollout.history", "sft.demos", "corpus-episodes"):
+        assert _warm_start_takes(key), key
+    for key in ("train.lr", "algo.name", "algo.pairs.kappa", "out", "threads", "resume"):
+        assert not _warm_start_takes(key), key

@@ -288,9 +288,8 @@ def games_root(tmp_path_factory) -> Path:
     return root
 
 
-def _generated_env(games_root):
-    """An env whose cache is the session's games (root/<GENERATOR_VERSION>/json_2.1.1/...)."""
-    from mcgpo.envs import make_env
+def _cache_dir(games_root) -> Path:
+    """A cache folder holding the session's games (root/<GENERATOR_VERSION>/json_2.1.1/...)."""
     from mcgpo.envs.alfworld.problem import GENERATOR_VERSION
 
     cache = games_root.parent / f"cache-{games_root.name}"
@@ -298,7 +297,14 @@ def _generated_env(games_root):
     if not link.exists():
         cache.mkdir(exist_ok=True)
         link.symlink_to(games_root)
-    return make_env("alfworld", source="generated", cache_dir=cache)
+    return cache
+
+
+def _generated_env(games_root):
+    """An env whose cache is the session's games."""
+    from mcgpo.envs import make_env
+
+    return make_env("alfworld", source="generated", cache_dir=_cache_dir(games_root))
 
 
 @pytest.mark.alfworld
@@ -453,3 +459,30 @@ def test_solvability_gate_rejects_unsolvable_crashing_and_slow_games(games_root,
     with pytest.raises(ValueError, match=r"the planner took longer than 0\.001 s"):
         check_in_child(src, timeout_s=0.001)
     assert check_in_child(src, timeout_s=60) == game["walkthrough"]
+
+
+@pytest.mark.alfworld
+@pytest.mark.slow
+@engine_test
+def test_cli_warm_starts_trains_and_evaluates_on_alfworld(games_root, tmp_path):
+    """`mcgpo sft`, `train` and `eval` by name on generated games (smoke sizes).
+
+    The tokenizer corpus and the demonstrations use training seeds 0-5 (the session's cached
+    games); the evaluations play 2 valid_seen games, generated here (a few seconds each).
+    """
+    from mcgpo.cli import main
+
+    cache = str(_cache_dir(games_root))
+    common = ["--preset", "household-smoke", "--env.name", "alfworld", "--env.cache_dir", cache]
+    sft, run = tmp_path / "sft", tmp_path / "train"
+    assert main(["sft", *common, "--corpus-episodes", "6", "--out", str(sft)]) == 0
+    assert (sft / "model" / "config.json").exists()
+    assert main(["train", *common, "--model", str(sft / "model"), "--out", str(run)]) == 0
+    records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    updates = [r for r in records if "time/update" in r and "eval/success" not in r]
+    evals = [r for r in records if "eval/success" in r]
+    assert len(updates) == 2 and len(evals) == 3  # before the first, after each update
+    assert all(0.0 <= r["eval/success"] <= 1.0 for r in evals)
+    assert (
+        main(["eval", *common, "--model", str(run / "model"), "--out", str(tmp_path / "ev")]) == 0
+    )

@@ -178,3 +178,22 @@ def test_invalid_commands_and_off_path_expert(envs):
     assert res.info["truncated"] and not res.info["won"] and res.info["turn"] == env2.max_turns
     with pytest.raises(twx.TextWorldExpressError, match="after the episode ended"):
         env2.step("look around")
+
+
+@pytest.mark.twx
+@pytest.mark.slow
+@engine_test
+def test_cli_warm_starts_and_trains_on_textworld_express(tmp_path):
+    """`mcgpo sft` and `train` by name (smoke sizes): tokenizer, demos, 2 updates, 3 evals."""
+    import json
+
+    from mcgpo.cli import main
+
+    common = ["--preset", "household-smoke", "--env.name", "textworld-express"]
+    sft, run = tmp_path / "sft", tmp_path / "train"
+    assert main(["sft", *common, "--corpus-episodes", "8", "--out", str(sft)]) == 0
+    assert main(["train", *common, "--model", str(sft / "model"), "--out", str(run)]) == 0
+    records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in records if "eval/success" in r]
+    assert [r["update"] for r in evals] == [0, 1, 2]
+    assert (run / "model" / "config.json").exists()

@@ -86,7 +86,8 @@ def _parser(prog: str, description: str) -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="extra flag for every training run (not the warm start), e.g. --set train.updates=10",
+        help="extra flag for every training run, e.g. --set train.updates=10 (the warm start "
+        "also gets the env, rollout, sft and eval ones)",
     )
     return p
 
@@ -158,13 +159,15 @@ def _run(command: str, args: argparse.Namespace, variants: Sequence[Variant]) ->
         print(f"mcgpo {command}: --seeds must be integers, got {args.seeds!r}", file=sys.stderr)
         return 2
     out = Path(args.out or f"runs/{command}-{Path(args.preset).stem}")
-    extra = []
+    extra, warm_extra = [], []
     for item in args.set:
         key, sep, value = item.partition("=")
         if not sep or not key:
             print(f"mcgpo {command}: --set expects KEY=VALUE, got {item!r}", file=sys.stderr)
             return 2
         extra += [f"--{key}", value]
+        if _warm_start_takes(key):  # e.g. env.name: the warm start must see the same env
+            warm_extra += [f"--{key}", value]
     common = ["--preset", args.preset]
     parallel = max(1, args.parallel)
     threads = max(1, (os.cpu_count() or 1) // parallel)
@@ -175,7 +178,8 @@ def _run(command: str, args: argparse.Namespace, variants: Sequence[Variant]) ->
         model = str(warm / "model")
         if not Path(model).exists():
             print(f"[{command}] warm start -> {warm}", file=sys.stderr)
-            plans = [_warm_plan(warm, common, threads)]
+            # the warm start is one process alone: it gets every core
+            plans = [_warm_plan(warm, [*common, *warm_extra], max(1, os.cpu_count() or 1))]
             codes = run_plans(plans, parallel=1)
             if codes[warm] != 0:
                 print(
@@ -214,8 +218,22 @@ def _run(command: str, args: argparse.Namespace, variants: Sequence[Variant]) ->
     return 0 if not failed else 1
 
 
+def _warm_start_takes(key: str) -> bool:
+    """Whether ``mcgpo sft`` accepts the ``--set`` key (env.*, rollout.*, sft.*, eval.*, and
+    the run options it has, e.g. corpus-episodes); train-only keys stay with the runs."""
+    from mcgpo.cli import COMMANDS
+
+    tops, sections, _ = COMMANDS["sft"]
+    section, dot, _ = key.partition(".")
+    if dot:
+        return section in sections
+    return key.replace("-", "_") in tops and key not in ("out", "threads", "progress")
+
+
 def _warm_plan(warm: Path, common: Sequence[str], threads: int):
     from mcgpo.bench.runner import RunPlan
 
-    argv = cli_command("sft", *common, "--out", str(warm), "--threads", str(threads))
+    argv = cli_command(
+        "sft", *common, "--out", str(warm), "--threads", str(threads), "--progress", "false"
+    )
     return RunPlan(Variant("warmstart", ()), 0, warm, tuple(argv))

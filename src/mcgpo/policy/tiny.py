@@ -32,7 +32,7 @@ the same weights (initialised under a forked torch RNG, so the caller's RNG is u
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -136,17 +136,19 @@ def build_tiny_policy(
     num_layers: int = 2,
     num_heads: int = 4,
     num_kv_heads: int = 2,
+    make: Callable[[str], Any] | None = None,
 ) -> tuple[Any, Any]:
     """Return ``(model, tokenizer)``: tokenizer trained on environment text, model from seed.
 
-    ``texts`` replaces the environment corpus (then ``env_names`` and ``episodes`` are
-    unused); otherwise the corpus is ``episodes`` expert-led training episodes of each named
-    environment. Save with :func:`mcgpo.policy.save_policy`, reload with ``load_policy``.
+    ``texts`` replaces the environment corpus (then ``env_names``, ``episodes`` and ``make``
+    are unused); otherwise the corpus is ``episodes`` expert-led training episodes of each
+    named environment, built by ``make(name)`` (default :func:`mcgpo.make_env` with default
+    options). Save with :func:`mcgpo.policy.save_policy`, reload with ``load_policy``.
     """
     if texts is None:
         from mcgpo.rollout.corpus import environment_corpus
 
-        texts = environment_corpus(env_names, episodes=episodes, seed=seed)
+        texts = environment_corpus(env_names, episodes=episodes, seed=seed, make=make)
     tokenizer = train_tokenizer(texts, vocab_size=vocab_size)
     model = tiny_model(
         tokenizer,

@@ -174,6 +174,9 @@ class SFTConfig:
 @dataclass(frozen=True)
 class RunConfig:
     model: str = _opt("tiny", "policy folder (save_pretrained), or 'tiny' for a fresh tiny model")
+    corpus_episodes: int = _opt(
+        256, "training episodes whose text trains the tiny model's tokenizer (model = 'tiny')"
+    )
     out: str = _opt("runs/run", "run folder: config, metrics, checkpoints, final model")
     preset: str = _opt("", "preset name (mcgpo/presets) or path of a TOML file")
     device: str = _opt("cpu", "torch device: cpu or cuda")
@@ -200,6 +203,7 @@ class RunConfig:
         if self.device != "cpu" and not self.device.startswith("cuda"):
             raise ConfigError(f"device must be cpu or cuda[:N], got {self.device!r}")
         _at_least("threads", self.threads, 0)
+        _at_least("corpus_episodes", self.corpus_episodes, 1)
         for section in (self.env, self.rollout, self.algo, self.train, self.eval, self.sft):
             section.check()
 

@@ -88,7 +88,12 @@ def load_model(cfg: RunConfig, path: str | Path | None = None) -> tuple[Any, Any
 
     source = str(path or cfg.model)
     if source == "tiny":
-        model, tokenizer = build_tiny_policy((cfg.env.name,), seed=cfg.seed)
+        # the tokenizer learns the text of the environment as configured (its sizes, its
+        # game cache), from cfg.corpus_episodes expert-led training episodes
+        make = env_factory(cfg)
+        model, tokenizer = build_tiny_policy(
+            (cfg.env.name,), seed=cfg.seed, episodes=cfg.corpus_episodes, make=lambda _: make()
+        )
     else:
         try:
             model, tokenizer = load_policy(source)

@@ -63,12 +63,10 @@ def expert_demonstrations(
 ) -> Demonstrations:
     """Play training tasks ``0 .. sft.demos-1`` with the expert; encode every turn."""
     # the rollout's own prompt rule (template, history, budget), so SFT sees RL's prompts
-    from mcgpo.rollout.collect import _prompt_ids
-    from mcgpo.rollout.prompts import encode_response, format_response
+    from mcgpo.rollout.prompts import encode_response, format_response, prompt_ids
 
     prompts: list[list[int]] = []
     responses: list[list[int]] = []
-    counts = {"no_history": 0, "cut": 0}
     env = make_env()
     max_turns = cfg.env.max_turns or env.max_turns
     for task in range(cfg.sft.demos):
@@ -77,17 +75,15 @@ def expert_demonstrations(
         roll_in = random.Random(f"{cfg.seed}/{task}")  # the noise of this demo, reproducible
         for _ in range(max_turns):
             expert = env.expert_action()
-            prompts.append(
-                _prompt_ids(
-                    tokenizer,
-                    obs,
-                    past,
-                    cfg.rollout.history,
-                    response_format,
-                    cfg.rollout.max_prompt_tokens,
-                    counts,
-                )
+            ids, _ = prompt_ids(
+                tokenizer,
+                obs,
+                past,
+                history=cfg.rollout.history,
+                response_format=response_format,
+                max_prompt_tokens=cfg.rollout.max_prompt_tokens,
             )
+            prompts.append(ids)
             responses.append(encode_response(tokenizer, format_response(expert, response_format)))
             action = expert
             if cfg.sft.noise and obs.admissible_actions and roll_in.random() < cfg.sft.noise:

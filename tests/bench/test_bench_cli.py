@@ -83,3 +83,23 @@ def test_warm_start_gets_only_the_keys_sft_takes():
         assert _warm_start_takes(key), key
     for key in ("train.lr", "algo.name", "algo.pairs.kappa", "out", "threads", "resume"):
         assert not _warm_start_takes(key), key
+
+
+def test_only_selects_labels_and_rejects_unknown_ones(capsys, monkeypatch):
+    import mcgpo.bench.commands as commands
+
+    seen = {}
+    monkeypatch.setattr(
+        commands, "_run", lambda cmd, args, variants: seen.setdefault(cmd, variants)
+    )
+    commands.sweep_main(["--only", "mcgpo/lambda_pair=1.0,mcgpo"])
+    # declared order (the default first), not the order given
+    assert [v.label for v in seen["sweep"]] == ["mcgpo", "mcgpo/lambda_pair=1.0"]
+    assert seen["sweep"][1].flags == ("--algo.name", "mcgpo", "--algo.lambda_pair", "1.0")
+    commands.ablate_main(["--only", "mcgpo/uniform"])
+    assert [v.label for v in seen["ablate"]] == ["mcgpo/uniform"]
+    with pytest.raises(SystemExit) as exc:
+        commands.sweep_main(["--only", "mcgpo/lambda_pair=7"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "unknown sweep point 'mcgpo/lambda_pair=7'" in err[0]

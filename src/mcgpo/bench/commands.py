@@ -114,21 +114,31 @@ def ablate_main(argv: Sequence[str] | None = None) -> int:
     p = _parser("mcgpo ablate", "MCGPO's factorial controls, in the bench table's format.")
     p.add_argument("--only", default="", help="comma-separated labels to run (default: all)")
     args = p.parse_args(argv)
-    variants = list(ABLATIONS)
-    if args.only:
-        wanted = _split(args.only, "--only")
-        unknown = sorted(set(wanted) - {v.label for v in ABLATIONS})
-        if unknown:
-            p.error(
-                f"unknown ablation {unknown[0]!r}; known: {', '.join(v.label for v in ABLATIONS)}"
-            )
-        variants = [v for v in ABLATIONS if v.label in wanted]
-    return _run("ablate", args, variants)
+    return _run("ablate", args, _only(p, args.only, list(ABLATIONS), "ablation"))
+
+
+def _only(
+    p: argparse.ArgumentParser, only: str, variants: list[Variant], what: str
+) -> list[Variant]:
+    """The variants named by ``--only`` (all when empty), in their declared order."""
+    if not only:
+        return variants
+    wanted = _split(only, "--only")
+    labels = [v.label for v in variants]
+    unknown = [w for w in wanted if w not in labels]
+    if unknown:
+        p.error(f"unknown {what} {unknown[0]!r}; known: {', '.join(labels)}")
+    return [v for v in variants if v.label in wanted]
 
 
 def sweep_main(argv: Sequence[str] | None = None) -> int:
     p = _parser("mcgpo sweep", "MCGPO's hyper-parameters, one at a time around the defaults.")
     p.add_argument("--params", default=",".join(SWEEP), help="which parameters (default: all)")
+    p.add_argument(
+        "--only",
+        default="",
+        help="comma-separated labels to run, e.g. mcgpo,mcgpo/lambda_pair=0.3 (default: all)",
+    )
     args = p.parse_args(argv)
     variants = [Variant("mcgpo", ("--algo.name", "mcgpo"))]
     for key in _split(args.params, "--params"):
@@ -141,7 +151,7 @@ def sweep_main(argv: Sequence[str] | None = None) -> int:
                     ("--algo.name", "mcgpo", f"--{key}", value),
                 )
             )
-    return _run("sweep", args, variants)
+    return _run("sweep", args, _only(p, args.only, variants, "sweep point"))
 
 
 def _split(text: str, flag: str) -> list[str]:

@@ -1,8 +1,11 @@
 """Hand-built groups, one per MCGPO rule, with the expected preferences derived in comments.
 
-Conventions used in every test (defaults unless a test says otherwise): N = 8, fold 0 =
+Conventions used in every test (unless a test says otherwise): N = 8, fold 0 =
 slots 0-3, fold 1 = slots 4-7, m = 1, epsilon = 0.25, kappa = 1, q_exact = 1,
-q_coarse = 0.5, at most 2 preferences per fold. A step is written (state, action); the
+q_coarse = 0.5, at most 2 preferences per fold. kappa = 1 and q_coarse = 0.5 were the
+defaults when these were derived; the sweep (docs/results §3) set the defaults to kappa = 0,
+q_coarse = 1, so ``build`` pins the derivations' values and
+``test_defaults_are_the_swept_values`` checks the current defaults. A step is written (state, action); the
 coarse state drops the digits ("sink 1" -> "sink"). Slots that play no part are left out:
 a group may hold fewer than N trajectories (folds are by slot).
 """
@@ -15,6 +18,11 @@ import pytest
 import mcgpo
 from mcgpo.preferences import PreferenceOptions, Preferences
 from mcgpo.steps import StepTable
+
+
+def build(table, **options):
+    """build_preferences with the values the hand derivations use (kappa = 1, q_coarse = 0.5)."""
+    return mcgpo.build_preferences(table, **{"kappa": 1.0, "q_coarse": 0.5, **options})
 
 
 def coarse(state: str) -> str:
@@ -89,7 +97,7 @@ def test_exact_match():
             (5, 0, [("sink 1", "y")]),
         ]
     )
-    prefs = mcgpo.build_preferences(t)
+    prefs = build(t)
     assert as_tuples(t, prefs) == [((0, 0), (1, 0), 0.5, "exact")]
     assert prefs.group.tolist() == [0] and prefs.fold.tolist() == [0]
     assert prefs.gap.tolist() == [1.0] and prefs.support.tolist() == [1]
@@ -114,7 +122,7 @@ def test_exact_unsupported_then_coarse():
             (5, 0, [("sink 2", "y")]),
         ]
     )
-    prefs = mcgpo.build_preferences(t)
+    prefs = build(t)
     assert as_tuples(t, prefs) == [
         ((0, 0), (1, 0), 0.25, "coarse"),
         ((4, 0), (5, 0), 0.25, "coarse"),
@@ -135,7 +143,7 @@ def test_neither_rule_supported_is_dropped():
             (5, 0, [("sink 2", "x")]),
         ]
     )
-    prefs = mcgpo.build_preferences(t)
+    prefs = build(t)
     assert len(prefs) == 0
     assert prefs.stats["candidate_pairs"] == 1
     assert prefs.stats["dropped_no_support"] == 1
@@ -163,7 +171,7 @@ def test_supported_exact_below_epsilon_is_not_retried_coarse():
             (7, 0, [("sink 2", "x")]),
         ]
     )
-    prefs = mcgpo.build_preferences(t, epsilon=0.6)
+    prefs = build(t, epsilon=0.6)
     assert len(prefs) == 0
     assert prefs.stats["candidate_pairs"] == 4
     assert prefs.stats["dropped_below_epsilon"] == 4
@@ -176,7 +184,7 @@ def test_supported_exact_below_epsilon_is_not_retried_coarse():
             t.slot >= 4, np.where(t.state == "sink 1", "sink 3", t.state), t.state
         ).astype(object)
     )
-    prefs = mcgpo.build_preferences(moved, epsilon=0.6)
+    prefs = build(moved, epsilon=0.6)
     fold0 = [p for p in as_tuples(moved, prefs) if p[0][0] < 4]
     assert fold0 == [((1, 0), (0, 0), round(1 / 6, 12), "coarse")]
 
@@ -199,7 +207,7 @@ def test_first_visit_rule():
             (5, 1, [("sink 1", "y")]),
         ]
     )
-    prefs = mcgpo.build_preferences(t)
+    prefs = build(t)
     assert as_tuples(t, prefs) == [((1, 1), (0, 0), 0.5, "exact")]
     # 7 rows, 6 eligible (one invalid); unmatched: slot 0 turn 1 and slot 4 turn 1 (revisits)
     assert prefs.stats["rows_eligible"] == 6
@@ -224,11 +232,11 @@ def test_context_key_includes_progress_and_enabled():
     # joint: keys ("sink 1", "found") and ("sink 1", ""): fold 0 has no pair, fold 1 has
     # (4: x, 7: y) at "found" and (5: y, 6: x) at "" but fold 0 supports neither pair fully
     # (fold 0 has only x at "found" and only y at "") -> nothing.
-    assert len(mcgpo.build_preferences(t)) == 0
+    assert len(build(t)) == 0
     # state_only: key "sink 1". Fold 0 pair (0: x, 1: y); fold 1 first visits: x by 4, 6
     # (both won), y by 5, 7 (both failed): u(x) = 1, u(y) = 0, n = 2, c = 1 * 2/3 * 1.
     # Fold 1 pairs (4,5), (4,7), (5,6), (6,7) are labelled by slots 0, 1 (both failed): gap 0.
-    prefs = mcgpo.build_preferences(t, matching="state_only")
+    prefs = build(t, matching="state_only")
     assert as_tuples(t, prefs) == [((0, 0), (1, 0), round(2 / 3, 12), "exact")]
 
 
@@ -243,10 +251,10 @@ def test_rubric_only_matches_across_states():
         ]
     )
     # joint: no two rows share a state -> nothing.
-    assert len(mcgpo.build_preferences(t)) == 0
+    assert len(build(t)) == 0
     # rubric_only: fold 0 (0: x, 1: y) labelled u(x) = 0 (slot 4), u(y) = 1 (slot 5):
     # c = 1 * 1/2 * q_exact = 0.5 (one rule level only, reported as "exact"); y preferred.
-    prefs = mcgpo.build_preferences(t, matching="rubric_only")
+    prefs = build(t, matching="rubric_only")
     assert as_tuples(t, prefs) == [((1, 0), (0, 0), 0.5, "exact")]
 
 
@@ -261,7 +269,7 @@ def test_errored_trajectories_are_skipped():
             (5, 0, [("sink 1", "y")], {"errored": True}),
         ]
     )
-    prefs = mcgpo.build_preferences(t)
+    prefs = build(t)
     assert len(prefs) == 0
     assert prefs.stats["rows_eligible"] == 3
     assert prefs.stats["dropped_no_support"] == 1
@@ -287,7 +295,7 @@ def test_earliest_comparison_per_sibling_pair():
             (7, 0, [("desk", "q")]),
         ]
     )
-    prefs = mcgpo.build_preferences(t)
+    prefs = build(t)
     assert as_tuples(t, prefs) == [((0, 0), (1, 0), 0.5, "exact")]
     assert prefs.stats["candidate_pairs"] == 7
     assert prefs.stats["dropped_below_epsilon"] == 5
@@ -305,7 +313,7 @@ def test_earliest_is_by_min_turn_then_max_turn():
             (5, 0, [("sink", "y"), ("desk", "q")]),
         ]
     )
-    prefs = mcgpo.build_preferences(t)
+    prefs = build(t)
     fold0 = [p for p in as_tuples(t, prefs) if p[0][0] < 4]
     assert fold0 == [((0, 0), (1, 3), 0.5, "exact")]
 
@@ -328,13 +336,13 @@ def test_at_most_two_per_fold():
             (5, 0, [("A", "y"), ("B", "q"), ("C", "s")]),
         ]
     )
-    prefs = mcgpo.build_preferences(t)
+    prefs = build(t)
     assert as_tuples(t, prefs) == [
         ((0, 0), (1, 0), 0.5, "exact"),
         ((2, 0), (3, 0), 0.5, "exact"),
     ]
     assert prefs.stats["dropped_allocation"] == 1
-    uncapped = mcgpo.build_preferences(t, max_per_fold=None)
+    uncapped = build(t, max_per_fold=None)
     assert as_tuples(t, uncapped)[2] == ((0, 1), (2, 1), 0.5, "exact")
 
 
@@ -353,7 +361,7 @@ def test_each_row_used_once():
             (5, 0, [("A", "y")]),
         ]
     )
-    prefs = mcgpo.build_preferences(t, max_per_fold=None)
+    prefs = build(t, max_per_fold=None)
     assert as_tuples(t, prefs) == [
         ((0, 0), (1, 0), 0.5, "exact"),
         ((2, 0), (3, 0), 0.5, "exact"),
@@ -378,7 +386,7 @@ def test_fold_swap():
     # preferred although slot 0 (x) won: a row's own outcome never labels it.
     # Fold 1's pair is labelled by fold 0: u(x) = y_0 = 1, u(y) = y_1 = 0 -> slot 4 preferred.
     t = group_table(SWAP)
-    prefs = mcgpo.build_preferences(t)
+    prefs = build(t)
     assert as_tuples(t, prefs) == [
         ((1, 0), (0, 0), 0.5, "exact"),
         ((4, 0), (5, 0), 0.5, "exact"),
@@ -390,23 +398,23 @@ def test_evidence_modes():
     t = group_table(SWAP)
     # same_fold: fold 0 labelled by its own slots: u(x) = y_0 = 1, u(y) = y_1 = 0 -> slot 0;
     # fold 1: u(x) = y_4 = 0, u(y) = y_5 = 1 -> slot 5. n = 1, c = 0.5.
-    same = mcgpo.build_preferences(t, evidence="same_fold")
+    same = build(t, evidence="same_fold")
     assert as_tuples(t, same) == [((0, 0), (1, 0), 0.5, "exact"), ((5, 0), (4, 0), 0.5, "exact")]
     # pooled: u(x) = (1 + 0)/2, u(y) = (0 + 1)/2 -> gap 0 -> nothing
-    assert len(mcgpo.build_preferences(t, evidence="pooled")) == 0
+    assert len(build(t, evidence="pooled")) == 0
 
 
 def test_uniform_weighting_keeps_only_q_level():
     # Same pairs as test_fold_swap; c = q_level regardless of gap and support.
     t = group_table(SWAP)
-    prefs = mcgpo.build_preferences(t, weighting="uniform", q_exact=0.8)
+    prefs = build(t, weighting="uniform", q_exact=0.8)
     assert prefs.weight.tolist() == [0.8, 0.8]
 
 
 def test_weight_formula_with_kappa():
     # test_fold_swap with kappa = 3: c = |Delta_u| * n/(n + kappa) * q = 1 * 1/4 * 1 = 0.25
     t = group_table(SWAP)
-    assert mcgpo.build_preferences(t, kappa=3.0).weight.tolist() == [0.25, 0.25]
+    assert build(t, kappa=3.0).weight.tolist() == [0.25, 0.25]
 
 
 def test_group_size_and_split_options():
@@ -414,11 +422,11 @@ def test_group_size_and_split_options():
     t = group_table(
         [(0, 1, [("A", "x")]), (1, 0, [("A", "y")]), (2, 0, [("A", "x")]), (3, 1, [("A", "y")])]
     )
-    prefs = mcgpo.build_preferences(t, group_size=4)
+    prefs = build(t, group_size=4)
     assert as_tuples(t, prefs) == [((1, 0), (0, 0), 0.5, "exact"), ((2, 0), (3, 0), 0.5, "exact")]
     # fold_split=1: fold 0 = {slot 0} has no pair; fold 1 = {1, 2, 3}: pairs (1,2), (2,3)
     # labelled by slot 0 alone, which only supports x -> no support.
-    prefs = mcgpo.build_preferences(t, group_size=4, fold_split=1)
+    prefs = build(t, group_size=4, fold_split=1)
     assert len(prefs) == 0 and prefs.stats["dropped_no_support"] == 2
 
 
@@ -427,7 +435,7 @@ def test_several_groups_and_row_indices():
     a = group_table(SWAP, group=7).to_records()
     b = group_table(SWAP, group=3, first_traj=10).to_records()
     t = StepTable.from_records(a + b)
-    prefs = mcgpo.build_preferences(t)
+    prefs = build(t)
     assert prefs.group.tolist() == [3, 3, 7, 7]
     assert t.slot[prefs.plus].tolist() == [1, 4, 1, 4]
     assert t.group[prefs.minus].tolist() == [3, 3, 7, 7]
@@ -436,7 +444,7 @@ def test_several_groups_and_row_indices():
 
 def test_empty_table():
     t = group_table([])
-    prefs = mcgpo.build_preferences(t)
+    prefs = build(t)
     assert len(prefs) == 0 and prefs.plus.dtype == np.int64
     assert prefs.stats["groups"] == 0 and prefs.stats["mean_weight"] == 0
 
@@ -468,7 +476,7 @@ def test_bad_options(options, message):
 def test_slot_beyond_group_size_names_the_row():
     t = group_table([(0, 0, [("A", "x")]), (9, 1, [("A", "y")])])
     with pytest.raises(ValueError, match=r"row 1: field 'slot' = 9 is not below group_size 8"):
-        mcgpo.build_preferences(t)
+        build(t)
 
 
 def test_rejects_non_table():
@@ -478,6 +486,28 @@ def test_rejects_non_table():
 
 def test_options_dataclass_defaults():
     o = PreferenceOptions()
-    assert (o.group_size, o.split, o.min_support, o.epsilon, o.kappa) == (8, 4, 1, 0.25, 1.0)
-    assert (o.q_exact, o.q_coarse, o.max_per_fold) == (1.0, 0.5, 2)
+    assert (o.group_size, o.split, o.min_support, o.epsilon, o.kappa) == (8, 4, 1, 0.25, 0.0)
+    assert (o.q_exact, o.q_coarse, o.max_per_fold) == (1.0, 1.0, 2)
     assert (o.evidence, o.weighting, o.matching) == ("opposite_fold", "evidence", "joint")
+
+
+def test_defaults_are_the_swept_values():
+    # docs/results §3: kappa 0, q_coarse 1.0 and lambda_pair 1.0 beat the former defaults
+    # (1, 0.5, 0.1) by more than the bench's seed SD of integrated success; epsilon stayed.
+    opts = PreferenceOptions()
+    assert (opts.epsilon, opts.kappa, opts.q_exact, opts.q_coarse) == (0.25, 0.0, 1.0, 1.0)
+    from mcgpo.objectives import LAMBDA_PAIR
+    from mcgpo.training.config import AlgoConfig
+
+    assert LAMBDA_PAIR == AlgoConfig().lambda_pair == 1.0
+    # The exact-match group of test_exact_match under the defaults:
+    #   c = |Delta_u| * n/(n + 0) * q_exact = 1 * 1 * 1 = 1.0 (was 0.5 with kappa = 1).
+    t = group_table(
+        [
+            (0, 0, [("sink 1", "x")]),
+            (1, 0, [("sink 1", "y")]),
+            (4, 1, [("sink 1", "x")]),
+            (5, 0, [("sink 1", "y")]),
+        ]
+    )
+    assert as_tuples(t, mcgpo.build_preferences(t)) == [((0, 0), (1, 0), 1.0, "exact")]

@@ -51,7 +51,7 @@ __all__ = [
     "total_loss",
 ]
 
-LAMBDA_PAIR = 0.1  # default lambda_pair (paper value unknown; docs/algorithms/mcgpo.md)
+LAMBDA_PAIR = 1.0  # default lambda_pair (paper value unknown; swept: docs/algorithms/mcgpo.md §3a)
 KL_KINDS = ("low_var_kl", "k3", "kl", "k1", "mse", "k2", "abs")
 _LOG_RATIO_CLAMP = 20.0
 _K3_CLAMP = 10.0

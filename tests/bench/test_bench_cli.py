@@ -92,10 +92,10 @@ def test_only_selects_labels_and_rejects_unknown_ones(capsys, monkeypatch):
     monkeypatch.setattr(
         commands, "_run", lambda cmd, args, variants: seen.setdefault(cmd, variants)
     )
-    commands.sweep_main(["--only", "mcgpo/lambda_pair=1.0,mcgpo"])
+    commands.sweep_main(["--only", "mcgpo/lambda_pair=0.3,mcgpo"])
     # declared order (the default first), not the order given
-    assert [v.label for v in seen["sweep"]] == ["mcgpo", "mcgpo/lambda_pair=1.0"]
-    assert seen["sweep"][1].flags == ("--algo.name", "mcgpo", "--algo.lambda_pair", "1.0")
+    assert [v.label for v in seen["sweep"]] == ["mcgpo", "mcgpo/lambda_pair=0.3"]
+    assert seen["sweep"][1].flags == ("--algo.name", "mcgpo", "--algo.lambda_pair", "0.3")
     commands.ablate_main(["--only", "mcgpo/uniform"])
     assert [v.label for v in seen["ablate"]] == ["mcgpo/uniform"]
     with pytest.raises(SystemExit) as exc:

@@ -50,9 +50,9 @@ ABLATIONS: tuple[Variant, ...] = (
 # one parameter at a time; the first value of each list is the default
 SWEEP: dict[str, tuple[str, ...]] = {
     "algo.pairs.epsilon": ("0.25", "0.0", "0.5"),
-    "algo.pairs.kappa": ("1", "0", "4"),
-    "algo.pairs.q_coarse": ("0.5", "0.25", "1.0"),
-    "algo.lambda_pair": ("0.1", "0.03", "0.3", "1.0"),
+    "algo.pairs.kappa": ("0", "1", "4"),
+    "algo.pairs.q_coarse": ("1.0", "0.5", "0.25"),
+    "algo.lambda_pair": ("1.0", "0.1", "0.3", "3.0"),
 }
 
 

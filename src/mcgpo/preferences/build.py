@@ -64,7 +64,7 @@ def build_preferences(table: StepTable, **options: Any) -> Preferences:
 
     Options (keyword-only; defaults and meaning in :class:`PreferenceOptions` and
     docs/algorithms/mcgpo.md): ``group_size=8, fold_split=None (N/2), min_support=1,
-    epsilon=0.25, kappa=1.0, q_exact=1.0, q_coarse=0.5, max_per_fold=2,
+    epsilon=0.25, kappa=0.0, q_exact=1.0, q_coarse=1.0, max_per_fold=2,
     evidence="opposite_fold" | "same_fold" | "pooled", weighting="evidence" | "uniform",
     matching="joint" | "state_only" | "rubric_only"``.
 

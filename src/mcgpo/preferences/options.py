@@ -27,9 +27,9 @@ class PreferenceOptions:
     fold_split: int | None = None  # slots < fold_split form fold 0; None -> N / 2
     min_support: int = 1  # m: evidence trajectories each action needs
     epsilon: float = 0.25  # keep a pair only if |Delta_u| >= epsilon
-    kappa: float = 1.0  # shrinkage prior count in n / (n + kappa)
+    kappa: float = 0.0  # shrinkage prior count in n / (n + kappa); swept (docs/results §3)
     q_exact: float = 1.0  # q_level for pairs resolved by the exact rule
-    q_coarse: float = 0.5  # q_level for pairs resolved by the coarse rule
+    q_coarse: float = 1.0  # q_level for pairs resolved by the coarse rule; swept
     max_per_fold: int | None = 2  # preferences kept per fold; None = no cap
     evidence: str = "opposite_fold"  # which trajectories label a fold's pairs
     weighting: str = "evidence"  # c = |Delta_u| n/(n+kappa) q_level, or "uniform": c = q_level

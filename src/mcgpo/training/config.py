@@ -42,7 +42,7 @@ __all__ = [
 # Mirrors of values owned elsewhere, kept here so that reading a config never imports torch;
 # tests/training/test_config.py checks that they equal their owners' (mcgpo.objectives
 # LAMBDA_PAIR and KL_KINDS, mcgpo.shaping SHAPING_COEF).
-LAMBDA_PAIR = 0.1
+LAMBDA_PAIR = 1.0
 SHAPING_COEF = 1.0
 KL_KINDS = ("low_var_kl", "k3", "kl", "k1", "mse", "k2", "abs")
 

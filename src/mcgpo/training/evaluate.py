@@ -100,7 +100,7 @@ def run_eval(cfg: RunConfig, command: str = "") -> Any:
 
     make_env = env_factory(cfg)  # a bad environment option fails before the model loads
     apply_runtime(cfg)
-    model, tokenizer = load_model(cfg)
+    model, tokenizer = load_model(cfg, make_env=make_env)
     fmt = response_format_for(cfg, tokenizer)
     stats = evaluate(model, tokenizer, make_env, cfg, response_format=fmt, seed=eval_seed(cfg.seed))
     out = Path(cfg.out)

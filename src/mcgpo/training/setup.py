@@ -81,8 +81,16 @@ def apply_runtime(cfg: RunConfig) -> None:
     torch.manual_seed(cfg.seed)
 
 
-def load_model(cfg: RunConfig, path: str | Path | None = None) -> tuple[Any, Any]:
-    """The policy of ``cfg.model`` (or ``path``) on ``cfg.device``: a folder, or 'tiny'."""
+def load_model(
+    cfg: RunConfig,
+    path: str | Path | None = None,
+    *,
+    make_env: Callable[[], Any] | None = None,
+) -> tuple[Any, Any]:
+    """The policy of ``cfg.model`` (or ``path``) on ``cfg.device``: a folder, or 'tiny'.
+
+    ``make_env``: the run's environment factory (default ``env_factory(cfg)``), used for the
+    tiny model's tokenizer corpus."""
     from mcgpo.policy import build_tiny_policy, load_policy
     from mcgpo.policy.loading import PolicyLoadError
 
@@ -90,7 +98,7 @@ def load_model(cfg: RunConfig, path: str | Path | None = None) -> tuple[Any, Any
     if source == "tiny":
         # the tokenizer learns the text of the environment as configured (its sizes, its
         # game cache), from cfg.corpus_episodes expert-led training episodes
-        make = env_factory(cfg)
+        make = make_env or env_factory(cfg)
         model, tokenizer = build_tiny_policy(
             (cfg.env.name,), seed=cfg.seed, episodes=cfg.corpus_episodes, make=lambda _: make()
         )
@@ -164,7 +172,7 @@ def setup_run(cfg: RunConfig, command: str = "") -> Run:
         )
     make_env = env_factory(cfg)
     apply_runtime(cfg)
-    model, tokenizer = load_model(cfg)
+    model, tokenizer = load_model(cfg, make_env=make_env)
     ref_model = None
     if cfg.train.kl_coef > 0:  # the initial policy, also when resuming
         ref_model = copy.deepcopy(model).eval().requires_grad_(False)

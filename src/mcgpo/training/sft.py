@@ -124,7 +124,7 @@ def run_sft(cfg: RunConfig, command: str = "") -> Table:
     (folder / "config.toml").write_text(to_toml(cfg, command), encoding="utf-8")
     make_env = env_factory(cfg)
     apply_runtime(cfg)
-    model, tokenizer = load_model(cfg)
+    model, tokenizer = load_model(cfg, make_env=make_env)
     fmt = response_format_for(cfg, tokenizer)
     sinks = MetricSinks(folder, tensorboard=False)
 

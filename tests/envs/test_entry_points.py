@@ -196,8 +196,8 @@ def test_a_plugin_that_is_no_env_factory_is_one_line(odd, monkeypatch):
     with pytest.raises(TypeError) as err:
         make_env("not-an-env")
     assert str(err.value) == (
-        "entry point 'not-an-env = odd_plugins:not_an_env' returned a object, not an Env: "
-        "it lacks reset, step, expert_action, max_turns"
+        "entry point 'not-an-env = odd_plugins:not_an_env' returned an instance of object, "
+        "not an Env: it lacks reset, step, expert_action, max_turns"
     )
 
 

@@ -41,6 +41,20 @@ def test_coarse_rule_golden():
     assert keys.coarse("desklamp1") == "desklamp1"
 
 
+NAMES = st.lists(
+    st.tuples(st.sampled_from(["cabinet", "mug", "fridge"]), st.integers(1, 30)), max_size=6
+)
+
+
+@given(NAMES, st.randoms())
+def test_coarse_ignores_numbering_and_order(names, rng):
+    value = ",".join(f"{kind} {number}" for kind, number in names)
+    renumbered = [f"{kind} {rng.randint(1, 99)}" for kind, _ in names]
+    rng.shuffle(renumbered)
+    assert keys.coarse(value) == keys.coarse(",".join(renumbered))
+    assert keys.coarse(keys.coarse(value)) == keys.coarse(value)  # idempotent
+
+
 def test_state_keys_golden():
     exact, coarse = keys.state_keys(
         "", "", ["drawer 2", "cabinet 1"], [], ["tomato 1(cool):fridge 1>countertop 1"]

@@ -1,8 +1,17 @@
-"""Environments behind one protocol, chosen by name.
+"""Environments behind one protocol, chosen by name: the built-in ones and the users' own.
 
-``ENVIRONMENTS`` maps a name to a factory; ``make_env(name, **options)`` builds one.
-Factories import their module lazily so that optional extras (alfworld,
-textworld-express) are needed only when used.
+``ENVIRONMENTS`` maps a name to a factory (``factory(**options) -> Env``);
+``make_env(name, **options)`` builds one. Built-in factories import their module lazily so
+that optional extras (alfworld, textworld-express) are needed only when used.
+
+Users' own environments come from the entry point group ``mcgpo.envs`` of any installed
+package (``[project.entry-points."mcgpo.envs"] my-env = "my_pkg:make"``; docs/envs/your-own.md).
+They are found the first time a name that is not built in is looked up (or the names are
+listed), and a plugin's module is imported only when its environment is built, so
+``import mcgpo`` imports no plugin. The built-in names are reserved: a plugin registering
+``household`` (or another built-in name) is ignored, with a warning naming its entry point.
+A plugin that fails to load raises :class:`EnvPluginError`, one line naming the entry point
+(``my-env = my_pkg:make``) and the error.
 """
 
 from __future__ import annotations
@@ -11,12 +20,16 @@ from collections.abc import Callable
 from typing import Any
 
 from mcgpo.envs.protocol import SPLITS, Context, Env, Observation, StepResult
+from mcgpo.envs.registry import ENTRY_POINT_GROUP, EnvPluginError, EnvRegistry
 
 __all__ = [
+    "ENTRY_POINT_GROUP",
     "ENVIRONMENTS",
     "SPLITS",
     "Context",
     "Env",
+    "EnvPluginError",
+    "EnvRegistry",
     "Observation",
     "StepResult",
     "make_env",
@@ -47,7 +60,7 @@ def _textworld_express(**options: Any) -> Env:
     return TextWorldExpressEnv(**options)
 
 
-ENVIRONMENTS: dict[str, Callable[..., Env]] = {
+BUILT_IN: dict[str, Callable[..., Env]] = {
     "household": _household,
     "webshop": _webshop,
     "alfworld": _alfworld,
@@ -55,8 +68,20 @@ ENVIRONMENTS: dict[str, Callable[..., Env]] = {
 }
 
 
+ENVIRONMENTS = EnvRegistry(BUILT_IN)
+
+
 def make_env(name: str, **options: Any) -> Env:
-    """Build the environment ``name`` with its options; unknown names raise ValueError."""
-    if name not in ENVIRONMENTS:
-        raise ValueError(f"unknown environment {name!r}; known: {', '.join(ENVIRONMENTS)}")
-    return ENVIRONMENTS[name](**options)
+    """Build the environment ``name`` with its options; unknown names raise ValueError.
+
+    A plugin that cannot be loaded raises :class:`EnvPluginError` (an ImportError) with one
+    line naming its entry point and the error.
+    """
+    try:
+        factory = ENVIRONMENTS[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown environment {name!r}; known: {', '.join(ENVIRONMENTS)} "
+            f"(or install a package with a {ENTRY_POINT_GROUP!r} entry point)"
+        ) from None
+    return factory(**options)

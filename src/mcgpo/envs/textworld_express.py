@@ -6,16 +6,18 @@ its folds: train -> train, valid_seen -> dev, valid_unseen -> test; seed ``s`` o
 plays the fold's seed ``seeds[s % 1000]`` (``getValidSeedsTrain/Dev/Test``).
 
 Reward (the only one; nothing rescales it elsewhere): **10 on the step where the game reports
-``tasksuccess``, 0 otherwise**, as the ALFWorld-like envs. ``info`` holds ``won``
-(tasksuccess), ``score`` (TWX's score: raw subgoal points / maximum, -1 after a failure),
-``score_raw``, ``failed`` (taskfailure, a dead end such as eating the wrong item),
-``action_valid`` (the command is one of TWX's valid actions), ``turn`` and ``truncated``. An
+``tasksuccess``, 0 otherwise**, as the ALFWorld-like envs. ``info`` (their step info,
+``alfworld_keys.step_info``) holds ``won`` (tasksuccess), ``score`` (TWX's score: raw subgoal
+points / maximum, -1 after a failure), ``action_valid`` (the command is one of TWX's valid
+actions), ``turn``, ``truncated``, ``score_raw`` and ``failed`` (taskfailure, a dead end such
+as eating the wrong item). An
 episode ends on success, failure or after ``max_turns`` commands. Every command string goes to
 TWX unchanged (after white-space/case normalisation when that makes it valid), so the
 observation text is TWX's own, including "Unknown action: I'm not sure what you mean.".
 
 Context (docs/envs/textworld-express.md):
-- anchor: the observation text, the room and carried items, the sorted valid actions;
+- anchor: the observation text, the room and carried items, the sorted valid actions (the
+  ALFWorld-like anchor, ``alfworld_keys.anchor``; "unknown" when the room is not known);
 - state h(s): TWX's ``look`` text and inventory items (white space normalised); coarse: the
   room and the carried items with digits removed (what is where in the room is dropped);
 - progress C: ``score=<raw points>``; ``progress_value`` = the score clipped to [0, 1];
@@ -34,6 +36,7 @@ import subprocess
 from functools import lru_cache
 from typing import Any
 
+from mcgpo.envs.alfworld_keys import anchor, step_info
 from mcgpo.envs.protocol import SPLITS, Context, Observation, StepResult
 
 __all__ = ["FOLDS", "WIN_REWARD", "TextWorldExpressEnv", "TextWorldExpressError", "TwxUnavailable"]
@@ -125,8 +128,7 @@ def context_of(text: str, infos: dict[str, Any], actions: tuple[str, ...]) -> Co
     enabled = sorted({a.split(" ", 1)[0] for a in actions if a} - NON_SCORING)
     coarse_items = sorted(_norm(_DIGITS.sub("", item)) for item in items)
     return Context(
-        anchor=f"{text}\nLocation: {room or 'unknown'}. Held: {', '.join(items) or 'nothing'}.\n"
-        f"Actions: {' | '.join(actions)}",
+        anchor=anchor(text, room or "unknown", ", ".join(items), actions),
         state=f"look={_norm(look)};inventory={','.join(items)}",
         state_coarse=f"loc={room};hold={','.join(coarse_items)}",
         progress=f"score={float(infos.get('scoreRaw', 0.0)):g}",
@@ -233,15 +235,15 @@ class TextWorldExpressEnv:
             observation=self._observe(text, infos),
             reward=WIN_REWARD if won else 0.0,
             done=self._done,
-            info={
-                "won": won,
-                "score": float(infos["score"]),
-                "score_raw": float(infos["scoreRaw"]),
-                "failed": failed,
-                "action_valid": valid,
-                "turn": self._turn,
-                "truncated": self._done and not (won or failed),
-            },
+            info=step_info(
+                won=won,
+                action_valid=valid,
+                turn=self._turn,
+                truncated=self._done and not (won or failed),
+                score=float(infos["score"]),
+                score_raw=float(infos["scoreRaw"]),
+                failed=failed,
+            ),
         )
 
     def expert_action(self) -> str:

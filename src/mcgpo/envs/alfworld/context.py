@@ -2,8 +2,9 @@
 
 Pure functions of (facts, task, start, admissible commands, text): no engine, no randomness,
 canonical strings (fixed field order, sorted lists), so equal states give equal keys
-whichever path led to them. The formats and item names are those of the household env
-(docs/envs/household.md), so the two ALFWorld-like envs read alike.
+whichever path led to them. The formats, the coarse rule, the status text and the rubric
+items are ``envs/alfworld_keys.py``'s, shared with the household env (docs/envs/household.md),
+so the two ALFWorld-like envs cannot drift apart.
 
 Facts are ``(predicate, (arg, ...))`` tuples with TextWorld's lower-case names and ALFWorld's
 demangled instance names: ``("holds", ("agent1", "tomato 1"))``,
@@ -38,7 +39,7 @@ enabled  F, the criteria one admissible command advances now (the PDDL precondit
         target qualifies and a goal-type receptacle accepts it now), light (a lamp of the
         task's type that is off can be used).
 anchor  the observation text, then the location and held object, then the sorted
-        admissible commands (the household env's anchor format).
+        admissible commands (``alfworld_keys.anchor``, the household env's anchor).
 """
 
 from __future__ import annotations
@@ -46,6 +47,9 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+
+from mcgpo.envs import alfworld_keys as keys
+from mcgpo.envs.alfworld_keys import RUBRICS
 
 __all__ = [
     "RUBRICS",
@@ -60,26 +64,14 @@ __all__ = [
 
 Facts = tuple[tuple[str, tuple[str, ...]], ...]
 
-RUBRICS: dict[str, tuple[str, ...]] = {
-    "pick_and_place_simple": ("held", "placed"),
-    "look_at_obj_in_light": ("held", "lamp_on", "looked"),
-    "pick_clean_then_place_in_recep": ("cleaned", "held", "placed"),
-    "pick_heat_then_place_in_recep": ("heated", "held", "placed"),
-    "pick_cool_then_place_in_recep": ("cooled", "held", "placed"),
-    "pick_two_obj_and_place": ("held", "placed_1", "placed_2"),
-}
 PROCESS = {  # task type -> (status predicate, rubric item, command verb)
-    "pick_clean_then_place_in_recep": ("isclean", "cleaned", "clean"),
-    "pick_heat_then_place_in_recep": ("ishot", "heated", "heat"),
-    "pick_cool_then_place_in_recep": ("iscool", "cooled", "cool"),
+    t: (f"is{keys.STATUS_WORD[verb]}", keys.PROCESSED[verb], verb)
+    for t, verb in keys.PROCESS_OF.items()
 }
-STATUS_PREDICATES = (
-    ("isclean", "clean"),
-    ("iscool", "cool"),
-    ("ishot", "hot"),
-    ("issliced", "sliced"),
+# PDDL status predicate -> status word (ALFWorld's isClean/isCool/isHot, and isSliced)
+STATUS_PREDICATES = tuple(
+    (f"is{word}", word) for word in sorted((*keys.STATUS_WORD.values(), "sliced"))
 )
-_NUMBER = re.compile(r" \d+")
 
 
 @dataclass(frozen=True)
@@ -127,7 +119,7 @@ def _view(facts: Facts) -> _View:
             for predicate, label in STATUS_PREDICATES:
                 if name == predicate:
                     flags.setdefault(args[0], []).append(label)
-    status = {o: "+".join(sorted(labels)) for o, labels in flags.items()}
+    status = {o: keys.status_text(labels) for o, labels in flags.items()}
     here = tuple(sorted(r for r, loc in recep_loc.items() if loc == agent_loc))
     return _View(types, where, status, held, here, tuple(sorted(opened)), frozenset(toggled))
 
@@ -138,33 +130,20 @@ def start_of(facts: Facts) -> dict[str, tuple[str, str]]:
     return {o: (r, v.status.get(o, "")) for o, r in v.where.items()}
 
 
-def _with_status(name: str, status: str) -> str:
-    return f"{name}({status})" if status else name
+def _held(v: _View) -> str:
+    """The held object with its status ("" for empty hands)."""
+    return keys.with_status(v.held, v.status.get(v.held, "")) if v.held else ""
 
 
 def state_keys(facts: Facts, start: Mapping[str, tuple[str, str]]) -> tuple[str, str]:
     """(h(s), coarse h(s)); see the module docstring for the format."""
     v = _view(facts)
-    loc = "/".join(v.here) or "middle"
-    hold = _with_status(v.held, v.status.get(v.held, "")) if v.held else "nothing"
-    lamps = sorted(o for o in v.toggled)
-    moved = sorted(
-        f"{_with_status(o, v.status.get(o, ''))}:{start.get(o, ('?', ''))[0]}>{r}"
+    moved = [
+        keys.moved_entry(o, v.status.get(o, ""), start.get(o, ("?", ""))[0], r)
         for o, r in v.where.items()
         if (r, v.status.get(o, "")) != start.get(o, (r, ""))
-    )
-    fields = (
-        ("loc", loc),
-        ("hold", hold),
-        ("open", ",".join(v.opened)),
-        ("on", ",".join(lamps)),
-        ("moved", ",".join(moved)),
-    )
-    exact = ";".join(f"{key}={value}" for key, value in fields)
-    coarse = ";".join(
-        f"{key}={','.join(sorted(_NUMBER.sub('', value).split(',')))}" for key, value in fields
-    )
-    return exact, coarse
+    ]
+    return keys.state_keys("/".join(v.here), _held(v), v.opened, v.toggled, moved)
 
 
 def _targets(v: _View, task: TaskSpec) -> list[str]:
@@ -250,6 +229,4 @@ def _counted(v: _View, task: TaskSpec, o: str) -> bool:
 def anchor(text: str, facts: Facts, actions: Iterable[str]) -> str:
     """The exact observation key; ``actions`` are the sorted admissible commands."""
     v = _view(facts)
-    loc = "/".join(v.here) or "middle of a room"
-    held = _with_status(v.held, v.status.get(v.held, "")) if v.held else "nothing"
-    return f"{text}\nLocation: {loc}. Held: {held}.\nActions: {' | '.join(actions)}"
+    return keys.anchor(text, "/".join(v.here), _held(v), actions)

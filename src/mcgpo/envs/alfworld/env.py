@@ -39,13 +39,13 @@ from mcgpo.envs.alfworld.engine import (
 )
 from mcgpo.envs.alfworld.generate import DEFAULT_CACHE, solvable_game
 from mcgpo.envs.alfworld.official import GameFile, OfficialGames, has_games, task_of
-from mcgpo.envs.alfworld.problem import GENERATOR_VERSION, TASK_TYPES
+from mcgpo.envs.alfworld.problem import GENERATOR_VERSION
+from mcgpo.envs.alfworld_keys import NOTHING_HAPPENS, TASK_TYPES, step_info
 from mcgpo.envs.protocol import SPLITS, Context, Observation, StepResult
 
 __all__ = ["WIN_REWARD", "AlfworldEnv", "AlfworldError"]
 
 WIN_REWARD = 10.0
-NOTHING_HAPPENS = "Nothing happens."
 MAX_COMMAND_CHARS = 1000
 SOURCES = ("auto", "official", "generated")
 
@@ -150,14 +150,13 @@ class AlfworldEnv:
             observation=self._observation(text),
             reward=WIN_REWARD if won else 0.0,
             done=self._done,
-            info={
-                "won": won,
-                "score": 1.0 if won else 0.0,
-                "action_valid": command is not None,
-                "turn": self._turn,
-                "truncated": self._done and not won,
-                "gamefile": str(self._loaded),
-            },
+            info=step_info(
+                won=won,
+                action_valid=command is not None,
+                turn=self._turn,
+                truncated=self._done and not won,
+                gamefile=str(self._loaded),
+            ),
         )
 
     def expert_action(self) -> str:

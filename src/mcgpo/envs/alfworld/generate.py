@@ -26,7 +26,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from mcgpo.envs.alfworld.engine import solve
-from mcgpo.envs.alfworld.problem import GENERATOR_VERSION, TASK_TYPES, build_game
+from mcgpo.envs.alfworld.problem import GENERATOR_VERSION, build_game
+from mcgpo.envs.alfworld_keys import TASK_TYPES
 from mcgpo.envs.protocol import SPLITS
 
 __all__ = [

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mcgpo.envs.alfworld.context import TaskSpec
-from mcgpo.envs.alfworld.problem import TASK_TYPES
+from mcgpo.envs.alfworld_keys import TASK_TYPES
 
 __all__ = ["GameFile", "OfficialGames", "has_games", "task_of"]
 

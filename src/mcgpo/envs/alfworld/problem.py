@@ -28,19 +28,12 @@ from functools import cache
 from typing import Any
 
 from mcgpo.envs.alfworld.engine import require_alfworld
+from mcgpo.envs.alfworld_keys import TASK_TYPES
 
-__all__ = ["GENERATOR_VERSION", "TASK_TYPES", "SceneLayout", "build_game", "load_scene", "mangle"]
+__all__ = ["GENERATOR_VERSION", "SceneLayout", "build_game", "load_scene", "mangle"]
 
 GENERATOR_VERSION = "gen-v1"
-# ALFWorld's task-type ids 1..6 (alfred_tw_env.TASK_TYPES); seed s plays type TASK_TYPES[s % 6].
-TASK_TYPES = (
-    "pick_and_place_simple",
-    "look_at_obj_in_light",
-    "pick_clean_then_place_in_recep",
-    "pick_heat_then_place_in_recep",
-    "pick_cool_then_place_in_recep",
-    "pick_two_obj_and_place",
-)
+# seed s plays type TASK_TYPES[s % 6] (ALFWorld's task-type ids 1..6, alfworld_keys)
 NEEDS = {  # receptacle type a task type cannot do without
     "pick_clean_then_place_in_recep": "SinkBasin",
     "pick_heat_then_place_in_recep": "Microwave",

@@ -14,6 +14,8 @@ Departures from ALFWorld (kept small on purpose, see docs/envs/household.md):
 
 from __future__ import annotations
 
+from mcgpo.envs.alfworld_keys import PROCESS_OF, TASK_TYPES
+
 __all__ = [
     "APPLIANCE",
     "LAMP",
@@ -27,16 +29,6 @@ __all__ = [
     "TASK_TYPES",
 ]
 
-# The six ALFWorld task types, in ALFWorld's order.
-TASK_TYPES: tuple[str, ...] = (
-    "pick_and_place_simple",
-    "look_at_obj_in_light",
-    "pick_clean_then_place_in_recep",
-    "pick_heat_then_place_in_recep",
-    "pick_cool_then_place_in_recep",
-    "pick_two_obj_and_place",
-)
-
 # Receptacles that open and close; what lies inside is hidden while closed.
 OPENABLE: frozenset[str] = frozenset({"cabinet", "drawer", "fridge", "microwave", "safe"})
 
@@ -44,14 +36,7 @@ OPENABLE: frozenset[str] = frozenset({"cabinet", "drawer", "fridge", "microwave"
 APPLIANCE: dict[str, str] = {"heat": "microwave", "cool": "fridge", "clean": "sinkbasin"}
 
 # task type -> the process its target needs (None: no processing).
-PROCESSES: dict[str, str | None] = {
-    "pick_and_place_simple": None,
-    "look_at_obj_in_light": None,
-    "pick_clean_then_place_in_recep": "clean",
-    "pick_heat_then_place_in_recep": "heat",
-    "pick_cool_then_place_in_recep": "cool",
-    "pick_two_obj_and_place": None,
-}
+PROCESSES: dict[str, str | None] = {t: PROCESS_OF.get(t) for t in TASK_TYPES}
 
 LAMP = "desklamp"  # toggled with "use desklamp N"; never picked up
 LAMP_HOLDERS: tuple[str, ...] = ("desk", "dresser", "sidetable")

@@ -1,7 +1,9 @@
 """MCGPO context keys of a household state: anchor, h(s), coarse h(s), C and F.
 
 All keys are canonical strings (fixed field order, sorted lists, no randomness), so equal
-states give equal keys whichever path led to them.
+states give equal keys whichever path led to them. The anchor and h(s) formats, the coarse
+rule and the goal's rubric items are ``envs/alfworld_keys.py``'s, shared with the ALFWorld
+env; this module says where the values come from (the engine's State).
 
 anchor  the exact observation key (GiGPO / GraphGPO anchor state, as in GraphGPO's ALFWorld
         wrapper): the observation text, location, held object with its status, and the
@@ -47,58 +49,41 @@ enabled  F, the criteria one admissible command can advance now, sorted, "," joi
 
 from __future__ import annotations
 
-import re
-
+from mcgpo.envs import alfworld_keys as keys
 from mcgpo.envs.household.engine import FLAG, STATUS, State, qualifies
 from mcgpo.envs.household.world import World
 
 __all__ = ["RUBRICS", "anchor", "enabled", "progress", "state_keys"]
 
+# the goal's items (alfworld_keys.RUBRICS) after the household env's found items
+_FOUND = {"pick_two_obj_and_place": ("found_1", "found_2")}
 RUBRICS: dict[str, tuple[str, ...]] = {
-    "pick_and_place_simple": ("found", "held", "placed"),
-    "look_at_obj_in_light": ("found", "held", "lamp_on", "looked"),
-    "pick_clean_then_place_in_recep": ("found", "held", "cleaned", "placed"),
-    "pick_heat_then_place_in_recep": ("found", "held", "heated", "placed"),
-    "pick_cool_then_place_in_recep": ("found", "held", "cooled", "placed"),
-    "pick_two_obj_and_place": ("found_1", "found_2", "held", "placed_1", "placed_2"),
+    t: _FOUND.get(t, ("found",)) + items for t, items in keys.RUBRICS.items()
 }
-_DONE = {"heat": "heated", "cool": "cooled", "clean": "cleaned"}
-_NUMBER = re.compile(r" \d+")
 
 
-def _with_status(name: str, status: int) -> str:
-    return f"{name}({STATUS[status]})" if status else name
+def _held(world: World, st: State) -> str:
+    """The held object with its status ("" for empty hands)."""
+    if st.held < 0:
+        return ""
+    return keys.with_status(world.objects[st.held], STATUS[st.status[st.held]])
 
 
 def state_keys(world: World, st: State) -> tuple[str, str]:
     """(h(s), coarse h(s)); see the module docstring for the format."""
     recs, objs = world.receptacles, world.objects
-    loc = recs[st.loc] if st.loc >= 0 else "middle"
-    hold = _with_status(objs[st.held], st.status[st.held]) if st.held >= 0 else "nothing"
-    opened = sorted(recs[r] for r, is_open in enumerate(st.opened) if is_open)
-    lit = sorted(objs[o] for o in world.lamps if st.lamp_on[o])
-    moved = []
-    for o in st.touched:
-        here = st.where[o]
-        if here >= 0 and (here != world.start[o] or st.status[o]):
-            moved.append(
-                f"{_with_status(objs[o], st.status[o])}:{recs[world.start[o]]}>{recs[here]}"
-            )
-    moved.sort()
-    exact = (
-        f"loc={loc};hold={hold};open={','.join(opened)};on={','.join(lit)};moved={','.join(moved)}"
+    moved = [
+        keys.moved_entry(objs[o], STATUS[st.status[o]], recs[world.start[o]], recs[st.where[o]])
+        for o in st.touched
+        if st.where[o] >= 0 and (st.where[o] != world.start[o] or st.status[o])
+    ]
+    return keys.state_keys(
+        recs[st.loc] if st.loc >= 0 else "",
+        _held(world, st),
+        (recs[r] for r, is_open in enumerate(st.opened) if is_open),
+        (objs[o] for o in world.lamps if st.lamp_on[o]),
+        moved,
     )
-    coarse = ";".join(
-        f"{key}={','.join(sorted(_NUMBER.sub('', value).split(',')))}"
-        for key, value in (
-            ("loc", loc),
-            ("hold", hold),
-            ("open", ",".join(opened)),
-            ("on", ",".join(lit)),
-            ("moved", ",".join(moved)),
-        )
-    )
-    return exact, coarse
 
 
 def _placed_counts(world: World, st: State) -> int:
@@ -134,7 +119,7 @@ def _items(world: World, st: State) -> set[str]:
         flags = {"found": n_seen >= 1, "held": holding or placed, "placed": placed}
         if world.process is not None:
             bit = FLAG[world.process]
-            flags[_DONE[world.process]] = any(st.status[o] & bit for o in targets)
+            flags[keys.PROCESSED[world.process]] = any(st.status[o] & bit for o in targets)
     return {name for name, holds in flags.items() if holds}
 
 
@@ -186,9 +171,5 @@ def _counted(world: World, st: State, o: int, r: int) -> bool:
 
 def anchor(text: str, world: World, st: State, actions: tuple[str, ...]) -> str:
     """The exact observation key; ``actions`` must be the sorted admissible commands."""
-    loc = world.receptacles[st.loc] if st.loc >= 0 else "middle of a room"
-    if st.held >= 0:
-        held = _with_status(world.objects[st.held], st.status[st.held])
-    else:
-        held = "nothing"
-    return f"{text}\nLocation: {loc}. Held: {held}.\nActions: {' | '.join(actions)}"
+    location = world.receptacles[st.loc] if st.loc >= 0 else ""
+    return keys.anchor(text, location, _held(world, st), actions)

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from bisect import insort
 
+from mcgpo.envs.alfworld_keys import NOTHING_HAPPENS, STATUS_WORD, status_text
 from mcgpo.envs.household.world import World
 
 __all__ = [
@@ -48,14 +49,8 @@ __all__ = [
 
 HOT, COOL, CLEAN = 1, 2, 4  # status bits of an object
 FLAG = {"heat": HOT, "cool": COOL, "clean": CLEAN}  # process -> the status bit it sets
-# status bits -> canonical text: the set names sorted and joined with "+" ("" when none)
-STATUS = tuple(
-    "+".join(
-        sorted(name for bit, name in ((HOT, "hot"), (COOL, "cool"), (CLEAN, "clean")) if s & bit)
-    )
-    for s in range(8)
-)
-NOTHING_HAPPENS = "Nothing happens."
+# status bits -> canonical text (alfworld_keys.status_text: "clean+hot", "" when none)
+STATUS = tuple(status_text(STATUS_WORD[p] for p, bit in FLAG.items() if s & bit) for s in range(8))
 
 # Operation codes: an admissible command maps to (code, a, b).
 GO, OPEN, CLOSE, TAKE, MOVE, HEAT, COOL_OP, CLEAN_OP, USE, EXAMINE_R, EXAMINE_O, INV, LOOK = range(

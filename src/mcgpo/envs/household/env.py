@@ -22,7 +22,7 @@ import numbers
 from collections.abc import Sequence
 from typing import Any
 
-from mcgpo.envs.household.catalog import TASK_TYPES
+from mcgpo.envs.alfworld_keys import TASK_TYPES, step_info
 from mcgpo.envs.household.context import anchor, enabled, progress, state_keys
 from mcgpo.envs.household.engine import NOTHING_HAPPENS, State, admissible, execute, intro_text
 from mcgpo.envs.household.expert import expert_action
@@ -166,13 +166,12 @@ class HouseholdEnv:
             observation=self._observe(text, changed=op is not None),
             reward=WIN_REWARD if won else 0.0,
             done=self._done,
-            info={
-                "won": won,
-                "score": 1.0 if won else 0.0,
-                "action_valid": op is not None,
-                "turn": self._turn,
-                "truncated": self._done and not won,
-            },
+            info=step_info(
+                won=won,
+                action_valid=op is not None,
+                turn=self._turn,
+                truncated=self._done and not won,
+            ),
         )
 
     def expert_action(self) -> str:

@@ -146,6 +146,23 @@ def _goal_options(target: str, task_type: str, present: set[str]) -> list[str]:
     return [t for t in OBJECTS[target][0] if t in present and t not in banned]
 
 
+def _target_options(kind: str, task_type: str, present: set[str]) -> list[str]:
+    """Object types of room ``kind`` that can be this task's target in this room."""
+    process = PROCESSES[task_type]
+    look = task_type == "look_at_obj_in_light"
+    out = []
+    for obj in ROOM_OBJECTS[kind]:
+        places, affords = OBJECTS[obj]
+        if process is not None and process not in affords:
+            continue
+        if not any(t in present for t in places):
+            continue
+        if not look and not _goal_options(obj, task_type, present):
+            continue
+        out.append(obj)
+    return out
+
+
 def draw_world(
     seed: int,
     split: str,
@@ -175,16 +192,7 @@ def draw_world(
     process = PROCESSES[task_type]
     if process is not None and APPLIANCE[process] not in present:
         return None
-    candidates = []
-    for obj in ROOM_OBJECTS[kind]:
-        places, affords = OBJECTS[obj]
-        if process is not None and process not in affords:
-            continue
-        if not any(t in present for t in places):
-            continue
-        if not look and not _goal_options(obj, task_type, present):
-            continue
-        candidates.append(obj)
+    candidates = _target_options(kind, task_type, present)
     if not candidates:
         return None
     target = rng.choice(candidates)

@@ -199,7 +199,7 @@ def _micro_step(
         ref_log_probs=ref,
         entropy=entropy if cfg.entropy_coef > 0 else None,
         clip=cfg.clip,
-        dual_clip=cfg.dual_clip or None,
+        dual_clip=cfg.dual_clip,
         kl_coef=cfg.kl_coef,
         kl_kind=cfg.kl_kind,
         entropy_coef=cfg.entropy_coef,

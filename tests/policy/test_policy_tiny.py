@@ -10,7 +10,7 @@ from policy_texts import TEXTS
 
 import mcgpo
 from mcgpo.policy import build_tiny_policy, tiny_model, train_tokenizer
-from mcgpo.rollout import encode_prompt, format_response, render_prompt
+from mcgpo.rollout import encode_prompt, environment_corpus, format_response, render_prompt
 
 
 @settings(max_examples=100, deadline=None)
@@ -82,7 +82,7 @@ def test_bad_sizes_are_rejected(small_policy):
 
 
 def test_household_policy_knows_the_environment_text():
-    model, tok = build_tiny_policy(("household",), seed=0, episodes=16)
+    model, tok = build_tiny_policy(environment_corpus(("household",), episodes=16), seed=0)
     env = mcgpo.make_env("household")
     obs = env.reset(seed=101, split="train")
     for _ in range(5):  # expert actions of an unseen task round-trip and stay short
@@ -99,7 +99,8 @@ def test_household_policy_knows_the_environment_text():
 def test_household_names_are_single_tokens_and_actions_copy_token_for_token():
     from mcgpo.envs.household.catalog import OBJECTS
 
-    _, tok = build_tiny_policy(("household",), seed=0)  # the default corpus: 256 episodes
+    # the training default corpus: 256 episodes (corpus_episodes)
+    _, tok = build_tiny_policy(environment_corpus(("household",), episodes=256), seed=0)
     names = set(OBJECTS) | {rec for places, _ in OBJECTS.values() for rec in places}
     for name in sorted(names):  # every object and receptacle type is one token after a space
         assert len(tok(" " + name, add_special_tokens=False)["input_ids"]) == 1, name

@@ -166,6 +166,8 @@ class SFTConfig:
         0.0, "chance of a random admissible action in the demo roll-in (expert labels all turns)"
     )
     lr: float = _opt(1e-3, "AdamW learning rate for the warm start")
+    weight_decay: float = _opt(0.01, "AdamW weight decay for the warm start")
+    grad_clip: float = _opt(1.0, "gradient-norm clip for the warm start; 0 = off")
     warmup: int = _opt(10, "steps of linear learning-rate warm-up")
     batch_size: int = _opt(32, "demonstration turns per optimiser step")
 
@@ -175,6 +177,8 @@ class SFTConfig:
         if not 0.0 <= self.noise < 1.0:
             raise ConfigError(f"sft.noise must be in [0, 1), got {self.noise}")
         _positive("sft.lr", self.lr)
+        _at_least("sft.weight_decay", self.weight_decay, 0.0)
+        _at_least("sft.grad_clip", self.grad_clip, 0.0)
         _at_least("sft.warmup", self.warmup, 0)
         _at_least("sft.batch_size", self.batch_size, 1)
 

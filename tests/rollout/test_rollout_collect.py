@@ -206,3 +206,23 @@ def test_household_integration():
         fresh = token_log_probs(model, out.tokens.input_ids, out.tokens.attention_mask)
     m = out.tokens.response_mask
     assert torch.allclose(fresh[m], out.tokens.old_log_probs[m], atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"temperature": -0.5}, "temperature must be >= 0, got -0.5"),
+        ({"history": -1}, "history must be >= 0, got -1"),
+        ({"max_prompt_tokens": 0}, "max_prompt_tokens must be >= 1 or None, got 0"),
+        ({"response_format": "json"}, "unknown response_format 'json'"),
+    ],
+)
+def test_options_are_checked_when_built(options, message):
+    with pytest.raises(ValueError, match=message):
+        CollectOptions(**options)
+
+
+def test_options_default_to_eight_siblings_and_the_envs_turn_limit(counter_policy):
+    out = collect(*counter_policy, CounterEnv, [0], CollectOptions(max_new_tokens=6, seed=0))
+    assert sorted(set(out.table.slot)) == list(range(8))
+    assert CollectOptions().group_size == 8 and CollectOptions().max_turns is None

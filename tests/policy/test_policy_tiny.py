@@ -116,3 +116,19 @@ def test_household_names_are_single_tokens_and_actions_copy_token_for_token():
         line = [*newline, *response, *newline]
         assert any(prompt[i : i + len(line)] == line for i in range(len(prompt))), action
         obs = env.step(action).observation
+
+
+def test_the_tiny_builder_needs_no_rollout_or_training_layer():
+    # policy sits below rollout: building a tiny policy from texts imports neither layer
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from mcgpo.policy import build_tiny_policy\n"
+        "build_tiny_policy(['go to fridge 1', 'open drawer 2'] * 4, vocab_size=300,"
+        " hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=1)\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('mcgpo.rollout', 'mcgpo.training'))))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -12,13 +12,15 @@ from mcgpo.rollout import CollectOptions, collect, encode_prompt, parse_action, 
 
 TASKS = [0, 1, 2]  # targets 2, 3, 4
 N = 4
+# the recipe's training values (RolloutConfig's defaults); CollectOptions has none of its own
+RECIPE = {"split": "train", "temperature": 1.0, "history": 2}
 
 
 def run(policy, env_factory=CounterEnv, tasks=TASKS, **kw):
     model, tok = policy
     kw.setdefault("seed", 0)
     kw.setdefault("max_new_tokens", 6)
-    return collect(model, tok, env_factory, tasks, CollectOptions(group_size=N, **kw))
+    return collect(model, tok, env_factory, tasks, CollectOptions(group_size=N, **RECIPE, **kw))
 
 
 @pytest.fixture(scope="module")
@@ -171,7 +173,7 @@ def test_bad_arguments(counter_policy):
     with pytest.raises(ValueError, match="unknown response_format 'json'"):
         run(counter_policy, response_format="json")
     with pytest.raises(ValueError, match="group_size must be >= 1, got 0"):
-        collect(*counter_policy, CounterEnv, [0], CollectOptions(group_size=0))
+        collect(*counter_policy, CounterEnv, [0], CollectOptions(group_size=0, **RECIPE))
     with pytest.raises(ValueError, match="max_turns must be >= 1 or None, got 0"):
         run(counter_policy, max_turns=0)
     with pytest.raises(ValueError, match="max_new_tokens must be >= 1 or None, got 0"):
@@ -191,7 +193,7 @@ def test_household_integration():
         tok,
         lambda: mcgpo.make_env("household"),
         [0, 1],
-        CollectOptions(group_size=2, max_turns=3, seed=0),
+        CollectOptions(group_size=2, **RECIPE, max_turns=3, seed=0),
     )
     t = out.table
     assert len(t) == 12 and set(t.turn) == {0, 1, 2}  # an untrained model never wins in 3
@@ -219,10 +221,12 @@ def test_household_integration():
 )
 def test_options_are_checked_when_built(options, message):
     with pytest.raises(ValueError, match=message):
-        CollectOptions(**options)
+        CollectOptions(**{"group_size": N, **RECIPE, **options})
 
 
-def test_options_default_to_eight_siblings_and_the_envs_turn_limit(counter_policy):
-    out = collect(*counter_policy, CounterEnv, [0], CollectOptions(max_new_tokens=6, seed=0))
-    assert sorted(set(out.table.slot)) == list(range(8))
-    assert CollectOptions().group_size == 8 and CollectOptions().max_turns is None
+def test_options_without_the_recipe_values_are_refused():
+    # group size, split, temperature and history have their defaults in the run config only
+    with pytest.raises(TypeError, match="group_size"):
+        CollectOptions(split="train", temperature=1.0, history=2)
+    with pytest.raises(TypeError, match="positional"):
+        CollectOptions(N, "train", 1.0, 2)  # keyword-only: a call reads as what it sets

@@ -51,20 +51,22 @@ __all__ = ["DEFAULT_MAX_NEW_TOKENS", "CollectOptions", "Rollout", "collect"]
 DEFAULT_MAX_NEW_TOKENS = {"think": 512, "action": 32}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class CollectOptions:
     """How :func:`collect` plays its tasks; checked when built (one-line ``ValueError``).
 
-    The defaults suit a direct call; the trainer sets every field from the run configuration
-    (:func:`mcgpo.training.setup.collect_options`).
+    The recipe's values (group size, split, temperature, history) have no defaults here:
+    their defaults are the run configuration's, and the trainer and the evaluation build
+    every field from it (:func:`mcgpo.training.setup.collect_options`). The optional fields
+    default to "derive it" (from the environment, the format, the tokenizer) or to no limit.
     """
 
-    group_size: int = 8  # N sibling rollouts per task
-    split: str = "train"  # env.reset(seed=task, split=split) gives the task
-    temperature: float = 1.0  # sampling temperature (1.0 for training, 0.4 for evaluation)
+    group_size: int  # N sibling rollouts per task
+    split: str  # env.reset(seed=task, split=split) gives the task
+    temperature: float  # sampling temperature (1.0 for training, 0.4 for evaluation)
+    history: int  # observation/action pairs shown in the prompt (h)
     max_turns: int | None = None  # turn limit; None: each environment's max_turns
     max_new_tokens: int | None = None  # response budget; None: 512 for "think", 32 for "action"
-    history: int = 2  # observation/action pairs shown in the prompt (h)
     response_format: str | None = None  # "think" or "action"; None: by the tokenizer
     seed: int = 0  # seeds the sampling generator: same seed and weights, same rollout
     max_prompt_tokens: int | None = None  # prompt budget (module docstring); None: no limit
@@ -154,7 +156,7 @@ def collect(
     tokenizer: Any,
     env_factory: Callable[[], Env],
     tasks: Sequence[int],
-    options: CollectOptions | None = None,
+    options: CollectOptions,
 ) -> Rollout:
     """Play every task with ``options.group_size`` siblings; return the rows, tokens, stats.
 
@@ -162,24 +164,22 @@ def collect(
         model, tokenizer: the policy (any Hugging Face causal LM and its tokenizer).
         env_factory: builds one fresh environment; called ``len(tasks) * group_size`` times.
         tasks: G task seeds; ``env.reset(seed=task, split=options.split)`` gives the task.
-        options: group size, split, sampling and prompt settings (:class:`CollectOptions`;
-            default ``CollectOptions()``).
+        options: group size, split, sampling and prompt settings (:class:`CollectOptions`).
     """
     from mcgpo.envs.pool import EnvPool
 
-    opts = options or CollectOptions()
     if len(tasks) == 0:
         raise ValueError("tasks is empty: give at least one task seed")
     start = time.perf_counter()
-    sampling = _sampling(model, tokenizer, opts)
-    n_env = len(tasks) * opts.group_size
+    sampling = _sampling(model, tokenizer, options)
+    n_env = len(tasks) * options.group_size
     envs = [env_factory() for _ in range(n_env)]
-    limits = [opts.max_turns or int(env.max_turns) for env in envs]
+    limits = [options.max_turns or int(env.max_turns) for env in envs]
     pool = EnvPool(envs)
-    seeds = [int(tasks[e // opts.group_size]) for e in range(n_env)]
+    seeds = [int(tasks[e // options.group_size]) for e in range(n_env)]
     tally = _Tally()
     t_env = time.perf_counter()
-    first = pool.reset(seeds, opts.split)
+    first = pool.reset(seeds, options.split)
     tally.env_seconds += time.perf_counter() - t_env
     current: list[Observation | None] = list(first)
     task_type = ["" if o is None else o.task_type for o in first]

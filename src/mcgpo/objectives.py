@@ -16,9 +16,17 @@ Pair loss (MCGPO, seed step 5):
 
     d(row) = mean over the row's response tokens of (log pi_theta - log pi_old)
     L_pair = sum_{(+,-) in P(B)} c * softplus(-(d(+) - d(-))) / floor(|B| / 2)
-    L      = L_task + lambda_pair * L_pair
+    L      = L_task + lambda_pair * L_pair       (summed in mcgpo.training.update)
 
-P(B) holds the pairs whose two rows are both in micro-batch B. Departures, and why:
+P(B) holds the pairs whose two rows are both in micro-batch B.
+
+The coefficients (eps, dual clip, kl_coef, KL kind, entropy_coef) have no defaults here: they
+are required keyword arguments, and their defaults live in the run configuration only
+(:class:`mcgpo.training.config.TrainConfig`, verl-agent's recipe). ``dual_clip = 0`` turns the
+dual clip off, as ``train.dual_clip = 0`` does. ``KL_KINDS`` is defined here, next to the
+estimators it names; the configuration checks ``train.kl_kind`` against it.
+
+Departures, and why:
 
 * The log-ratio is clamped to [-20, 20] before ``exp`` (as verl does) so one extreme token
   cannot overflow the ratio; the pair score d uses the unclamped log-ratio.
@@ -38,7 +46,6 @@ import torch.nn.functional as F
 
 __all__ = [
     "KL_KINDS",
-    "LAMBDA_PAIR",
     "MicroBatchPlan",
     "entropy_from_logits",
     "kl_penalty",
@@ -48,10 +55,8 @@ __all__ = [
     "policy_loss",
     "response_log_ratio",
     "task_loss",
-    "total_loss",
 ]
 
-LAMBDA_PAIR = 1.0  # default lambda_pair (paper value unknown; swept: docs/algorithms/mcgpo.md §3a)
 KL_KINDS = ("low_var_kl", "k3", "kl", "k1", "mse", "k2", "abs")
 _LOG_RATIO_CLAMP = 20.0
 _K3_CLAMP = 10.0
@@ -77,21 +82,21 @@ def policy_loss(
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
     *,
-    clip: float = 0.2,
+    clip: float,
+    dual_clip: float,
     clip_high: float | None = None,
-    dual_clip: float | None = 3.0,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """PPO clipped surrogate with dual clip, token-mean over the micro-batch.
 
     ``log_probs`` / ``old_log_probs``: ``[B, L]``; ``advantages``: ``[B, L]`` or ``[B]``
     (one value per row, broadcast to its tokens). ``clip`` is eps_low, ``clip_high`` eps_high
-    (defaults to ``clip``); ``dual_clip`` (> 1, or None to disable) caps the loss of a token
+    (None: the same as ``clip``); ``dual_clip`` (> 1, or 0 for off) caps the loss of a token
     with negative advantage at ``-A * dual_clip``. Returns (scalar loss, stats).
     """
     if advantages.dim() == 1:
         advantages = advantages[:, None].expand_as(log_probs)
-    if dual_clip is not None and dual_clip <= 1.0:
-        raise ValueError(f"policy_loss: 'dual_clip' must be > 1 or None, got {dual_clip!r}")
+    if dual_clip != 0 and not dual_clip > 1.0:
+        raise ValueError(f"policy_loss: 'dual_clip' must be > 1 or 0 (off), got {dual_clip!r}")
     high = clip if clip_high is None else clip_high
     log_ratio = (log_probs - old_log_probs).clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
     ratio = torch.exp(log_ratio)
@@ -99,7 +104,7 @@ def policy_loss(
     clipped = -advantages * ratio.clamp(1.0 - clip, 1.0 + high)
     loss = torch.maximum(unclipped, clipped)
     lower_hit = torch.zeros_like(loss, dtype=torch.bool)
-    if dual_clip is not None:
+    if dual_clip != 0:
         cap = -advantages * dual_clip
         lower_hit = (advantages < 0) & (loss > cap)
         loss = torch.where(advantages < 0, torch.minimum(loss, cap), loss)
@@ -148,18 +153,19 @@ def task_loss(
     *,
     ref_log_probs: torch.Tensor | None = None,
     entropy: torch.Tensor | None = None,
-    clip: float = 0.2,
+    clip: float,
+    dual_clip: float,
+    kl_coef: float,
+    kl_kind: str,
+    entropy_coef: float,
     clip_high: float | None = None,
-    dual_clip: float | None = 3.0,
-    kl_coef: float = 0.01,
-    kl_kind: str = "low_var_kl",
-    entropy_coef: float = 0.001,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """L_task = policy_loss + kl_coef * token-mean KL - entropy_coef * token-mean entropy.
 
     ``ref_log_probs`` ``[B, L]`` (None: no KL term), ``entropy`` ``[B, L]`` from
-    :func:`entropy_from_logits` (None: no entropy bonus). Defaults follow the verl-agent
-    recipe: kl_coef 0.01 with ``low_var_kl``, entropy_coef 0.001, clip 0.2, dual clip 3.
+    :func:`entropy_from_logits` (None: no entropy bonus). ``clip``, ``dual_clip`` and
+    ``clip_high`` as in :func:`policy_loss`; ``kl_kind`` one of ``KL_KINDS``. The recipe's
+    values are the defaults of :class:`mcgpo.training.config.TrainConfig`.
     """
     loss, stats = policy_loss(
         log_probs,
@@ -239,15 +245,6 @@ def pair_loss(
             "pair_accuracy": float((margin > 0).float().mean()) if len(margin) else 0.0,
         }
     return loss, stats
-
-
-def total_loss(
-    task: torch.Tensor, pair: torch.Tensor, *, lambda_pair: float = LAMBDA_PAIR
-) -> torch.Tensor:
-    """L = L_task + lambda_pair * L_pair; exactly ``task`` when ``lambda_pair == 0``."""
-    if lambda_pair == 0:
-        return task
-    return task + lambda_pair * pair
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from policy_texts import TEXTS
 
 import mcgpo
 from mcgpo.policy import build_tiny_policy, tiny_model, train_tokenizer
-from mcgpo.rollout import encode_prompt, format_response, render_prompt
+from mcgpo.rollout import encode_prompt, environment_corpus, format_response, render_prompt
 
 
 @settings(max_examples=100, deadline=None)
@@ -82,7 +82,7 @@ def test_bad_sizes_are_rejected(small_policy):
 
 
 def test_household_policy_knows_the_environment_text():
-    model, tok = build_tiny_policy(("household",), seed=0, episodes=16)
+    model, tok = build_tiny_policy(environment_corpus(("household",), episodes=16), seed=0)
     env = mcgpo.make_env("household")
     obs = env.reset(seed=101, split="train")
     for _ in range(5):  # expert actions of an unseen task round-trip and stay short
@@ -99,7 +99,8 @@ def test_household_policy_knows_the_environment_text():
 def test_household_names_are_single_tokens_and_actions_copy_token_for_token():
     from mcgpo.envs.household.catalog import OBJECTS
 
-    _, tok = build_tiny_policy(("household",), seed=0)  # the default corpus: 256 episodes
+    # the training default corpus: 256 episodes (corpus_episodes)
+    _, tok = build_tiny_policy(environment_corpus(("household",), episodes=256), seed=0)
     names = set(OBJECTS) | {rec for places, _ in OBJECTS.values() for rec in places}
     for name in sorted(names):  # every object and receptacle type is one token after a space
         assert len(tok(" " + name, add_special_tokens=False)["input_ids"]) == 1, name
@@ -115,3 +116,19 @@ def test_household_names_are_single_tokens_and_actions_copy_token_for_token():
         line = [*newline, *response, *newline]
         assert any(prompt[i : i + len(line)] == line for i in range(len(prompt))), action
         obs = env.step(action).observation
+
+
+def test_the_tiny_builder_needs_no_rollout_or_training_layer():
+    # policy sits below rollout: building a tiny policy from texts imports neither layer
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from mcgpo.policy import build_tiny_policy\n"
+        "build_tiny_policy(['go to fridge 1', 'open drawer 2'] * 4, vocab_size=300,"
+        " hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=1)\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('mcgpo.rollout', 'mcgpo.training'))))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -8,17 +8,19 @@ import torch
 from rollout_fakes import CounterEnv
 
 from mcgpo.policy import token_log_probs
-from mcgpo.rollout import collect, encode_prompt, parse_action, render_prompt
+from mcgpo.rollout import CollectOptions, collect, encode_prompt, parse_action, render_prompt
 
 TASKS = [0, 1, 2]  # targets 2, 3, 4
 N = 4
+# the recipe's training values (RolloutConfig's defaults); CollectOptions has none of its own
+RECIPE = {"split": "train", "temperature": 1.0, "history": 2}
 
 
 def run(policy, env_factory=CounterEnv, tasks=TASKS, **kw):
     model, tok = policy
     kw.setdefault("seed", 0)
     kw.setdefault("max_new_tokens", 6)
-    return collect(model, tok, env_factory, tasks, group_size=N, **kw)
+    return collect(model, tok, env_factory, tasks, CollectOptions(group_size=N, **RECIPE, **kw))
 
 
 @pytest.fixture(scope="module")
@@ -171,7 +173,7 @@ def test_bad_arguments(counter_policy):
     with pytest.raises(ValueError, match="unknown response_format 'json'"):
         run(counter_policy, response_format="json")
     with pytest.raises(ValueError, match="group_size must be >= 1, got 0"):
-        collect(*counter_policy, CounterEnv, [0], group_size=0)
+        collect(*counter_policy, CounterEnv, [0], CollectOptions(group_size=0, **RECIPE))
     with pytest.raises(ValueError, match="max_turns must be >= 1 or None, got 0"):
         run(counter_policy, max_turns=0)
     with pytest.raises(ValueError, match="max_new_tokens must be >= 1 or None, got 0"):
@@ -183,10 +185,15 @@ def test_bad_arguments(counter_policy):
 def test_household_integration():
     import mcgpo
     from mcgpo.policy import build_tiny_policy
+    from mcgpo.rollout import environment_corpus
 
-    model, tok = build_tiny_policy(("household",), seed=0, episodes=8)
+    model, tok = build_tiny_policy(environment_corpus(("household",), episodes=8), seed=0)
     out = collect(
-        model, tok, lambda: mcgpo.make_env("household"), [0, 1], group_size=2, max_turns=3, seed=0
+        model,
+        tok,
+        lambda: mcgpo.make_env("household"),
+        [0, 1],
+        CollectOptions(group_size=2, **RECIPE, max_turns=3, seed=0),
     )
     t = out.table
     assert len(t) == 12 and set(t.turn) == {0, 1, 2}  # an untrained model never wins in 3
@@ -201,3 +208,25 @@ def test_household_integration():
         fresh = token_log_probs(model, out.tokens.input_ids, out.tokens.attention_mask)
     m = out.tokens.response_mask
     assert torch.allclose(fresh[m], out.tokens.old_log_probs[m], atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"temperature": -0.5}, "temperature must be >= 0, got -0.5"),
+        ({"history": -1}, "history must be >= 0, got -1"),
+        ({"max_prompt_tokens": 0}, "max_prompt_tokens must be >= 1 or None, got 0"),
+        ({"response_format": "json"}, "unknown response_format 'json'"),
+    ],
+)
+def test_options_are_checked_when_built(options, message):
+    with pytest.raises(ValueError, match=message):
+        CollectOptions(**{"group_size": N, **RECIPE, **options})
+
+
+def test_options_without_the_recipe_values_are_refused():
+    # group size, split, temperature and history have their defaults in the run config only
+    with pytest.raises(TypeError, match="group_size"):
+        CollectOptions(split="train", temperature=1.0, history=2)
+    with pytest.raises(TypeError, match="positional"):
+        CollectOptions(N, "train", 1.0, 2)  # keyword-only: a call reads as what it sets

@@ -203,11 +203,13 @@ def test_train_config_fields_all_have_help():
         assert f.metadata.get("help"), f.name
 
 
-def test_mirrored_defaults_equal_their_owners():
-    # config.py keeps these values so that reading a config never imports torch
+def test_shared_values_come_from_their_one_definition():
+    # the KL kinds are defined beside their estimators (mcgpo.objectives) and the shaping
+    # coefficient in mcgpo.shaping; the config checks against / defaults to those objects
     from mcgpo import objectives, shaping
-    from mcgpo.training import config
 
-    assert config.LAMBDA_PAIR == objectives.LAMBDA_PAIR == AlgoConfig().lambda_pair
-    assert config.KL_KINDS == objectives.KL_KINDS
-    assert config.SHAPING_COEF == shaping.SHAPING_COEF == AlgoConfig().shaping_coef
+    for kind in objectives.KL_KINDS:
+        TrainConfig(kl_kind=kind).check()
+    with pytest.raises(ConfigError, match=", ".join(objectives.KL_KINDS)):
+        TrainConfig(kl_kind="k9").check()
+    assert AlgoConfig().shaping_coef == shaping.SHAPING_COEF

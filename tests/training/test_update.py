@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 
 import numpy as np
 import pytest
@@ -185,3 +186,18 @@ def test_bad_input(policy):
         update_policy(model, opt, batch, np.zeros(3, dtype=np.float32), SIMPLE)
     with pytest.raises(ValueError, match="kl_coef > 0 needs a reference model"):
         update_policy(model, opt, batch, np.zeros(2, dtype=np.float32), TrainConfig())
+
+
+@pytest.mark.parametrize(("dual_clip", "expected"), [(3.0, 3.0), (0.0, math.exp(2.0))])
+def test_train_dual_clip_reaches_the_loss_and_zero_turns_it_off(policy, dual_clip, expected):
+    # pi_old two nats below pi on every response token: r = e^2 = 7.39, A = -1 everywhere.
+    # Token loss max(-A r, -A clip(r, 0.8, 1.2)) = max(7.39, 1.2) = 7.39; the dual clip caps
+    # it at -A * 3 = 3 (every token hits it), train.dual_clip = 0 leaves 7.39.
+    model, _ = policy
+    batch = make_batch(model, [(3, 2), (2, 3)])
+    shifted = torch.where(batch.response_mask, batch.old_log_probs - 2.0, batch.old_log_probs)
+    batch = dataclasses.replace(batch, old_log_probs=shifted)
+    cfg = dataclasses.replace(SIMPLE, dual_clip=dual_clip)
+    _, stats, _ = step(model, batch, [-1.0, -1.0], cfg, lr=0.0)
+    assert stats["loss/policy"] == pytest.approx(expected, rel=1e-5)
+    assert stats["policy/pg_clipfrac_lower"] == (1.0 if dual_clip else 0.0)

@@ -1,7 +1,9 @@
 """The built-in CPU policy: a small Qwen2-architecture model and a tokenizer trained offline.
 
-Nothing is downloaded. The tokenizer is a byte-level BPE trained with ``tokenizers`` on text
-the environments generate (:func:`mcgpo.rollout.corpus.environment_corpus`); byte-level
+Nothing is downloaded. The tokenizer is a byte-level BPE trained with ``tokenizers`` on the
+texts it is given; the training setup gives it the text the environment generates
+(:func:`mcgpo.rollout.corpus.environment_corpus`: the policy layer knows nothing of
+environments, so the caller builds that corpus). Byte-level
 means every string, actions included, round-trips exactly, and words the corpus never saw
 fall back to byte pieces. In effect it is a word-level tokenizer with a byte fallback: the
 pre-tokenizer splits words, numbers and punctuation apart, and the household corpus of 256
@@ -32,7 +34,7 @@ the same weights (initialised under a forked torch RNG, so the caller's RNG is u
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -126,29 +128,22 @@ def tiny_model(
 
 
 def build_tiny_policy(
-    env_names: Sequence[str] = ("household",),
-    seed: int = 0,
+    texts: Iterable[str],
     *,
-    texts: Iterable[str] | None = None,
+    seed: int = 0,
     vocab_size: int = 1024,
-    episodes: int = 256,
     hidden_size: int = 128,
     num_layers: int = 2,
     num_heads: int = 4,
     num_kv_heads: int = 2,
-    make: Callable[[str], Any] | None = None,
 ) -> tuple[Any, Any]:
-    """Return ``(model, tokenizer)``: tokenizer trained on environment text, model from seed.
+    """Return ``(model, tokenizer)``: a tokenizer trained on ``texts``, a model from ``seed``.
 
-    ``texts`` replaces the environment corpus (then ``env_names``, ``episodes`` and ``make``
-    are unused); otherwise the corpus is ``episodes`` expert-led training episodes of each
-    named environment, built by ``make(name)`` (default :func:`mcgpo.make_env` with default
-    options). Save with :func:`mcgpo.policy.save_policy`, reload with ``load_policy``.
+    ``texts`` is the tokenizer's corpus, usually the environment's own text
+    (:func:`mcgpo.rollout.corpus.environment_corpus`, which the training setup calls with the
+    run's environment factory). Save with :func:`mcgpo.policy.save_policy`, reload with
+    ``load_policy``.
     """
-    if texts is None:
-        from mcgpo.rollout.corpus import environment_corpus
-
-        texts = environment_corpus(env_names, episodes=episodes, seed=seed, make=make)
     tokenizer = train_tokenizer(texts, vocab_size=vocab_size)
     model = tiny_model(
         tokenizer,

@@ -3,7 +3,7 @@
 See docs/rollout.md for the prompt format, the loss masks and the log-prob conventions.
 """
 
-from mcgpo.rollout.collect import DEFAULT_MAX_NEW_TOKENS, Rollout, collect
+from mcgpo.rollout.collect import DEFAULT_MAX_NEW_TOKENS, CollectOptions, Rollout, collect
 from mcgpo.rollout.corpus import environment_corpus
 from mcgpo.rollout.parsing import contains_cjk, parse_action
 from mcgpo.rollout.prompts import (
@@ -22,6 +22,7 @@ from mcgpo.rollout.tokens import TokenBatch, TokenBatchError
 __all__ = [
     "DEFAULT_MAX_NEW_TOKENS",
     "RESPONSE_FORMATS",
+    "CollectOptions",
     "Rollout",
     "Samples",
     "TokenBatch",

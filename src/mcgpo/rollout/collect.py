@@ -1,5 +1,6 @@
 """Group rollouts: G tasks x N sibling environments, all live environments sampled together.
 
+Settings (group size, split, sampling, prompt budget) come in one :class:`CollectOptions`.
 Each task seed in ``tasks`` is played by ``group_size`` sibling environments reset with the
 same seed (the same task). Environment ``e = g * N + slot`` plays task ``tasks[g]``; its
 rows get ``group = g`` (the position in ``tasks``; a seed listed twice gives two groups),
@@ -43,11 +44,46 @@ from mcgpo.rollout.sampler import sample
 from mcgpo.rollout.tokens import TokenBatch
 from mcgpo.steps import StepTable
 
-__all__ = ["DEFAULT_MAX_NEW_TOKENS", "Rollout", "collect"]
+__all__ = ["DEFAULT_MAX_NEW_TOKENS", "CollectOptions", "Rollout", "collect"]
 
 # Response budget per format: the recipe's 512 for reasoning responses (reference §1.4);
 # an action line is a handful of tokens.
 DEFAULT_MAX_NEW_TOKENS = {"think": 512, "action": 32}
+
+
+@dataclass(frozen=True, kw_only=True)
+class CollectOptions:
+    """How :func:`collect` plays its tasks; checked when built (one-line ``ValueError``).
+
+    The recipe's values (group size, split, temperature, history) have no defaults here:
+    their defaults are the run configuration's, and the trainer and the evaluation build
+    every field from it (:func:`mcgpo.training.setup.collect_options`). The optional fields
+    default to "derive it" (from the environment, the format, the tokenizer) or to no limit.
+    """
+
+    group_size: int  # N sibling rollouts per task
+    split: str  # env.reset(seed=task, split=split) gives the task
+    temperature: float  # sampling temperature (1.0 for training, 0.4 for evaluation)
+    history: int  # observation/action pairs shown in the prompt (h)
+    max_turns: int | None = None  # turn limit; None: each environment's max_turns
+    max_new_tokens: int | None = None  # response budget; None: 512 for "think", 32 for "action"
+    response_format: str | None = None  # "think" or "action"; None: by the tokenizer
+    seed: int = 0  # seeds the sampling generator: same seed and weights, same rollout
+    max_prompt_tokens: int | None = None  # prompt budget (module docstring); None: no limit
+
+    def __post_init__(self) -> None:
+        if self.group_size < 1:
+            raise ValueError(f"group_size must be >= 1, got {self.group_size}")
+        if not self.temperature >= 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.history < 0:
+            raise ValueError(f"history must be >= 0, got {self.history}")
+        for name in ("max_turns", "max_new_tokens", "max_prompt_tokens"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be >= 1 or None, got {value}")
+        if self.response_format is not None:
+            stop_strings(self.response_format)  # an unknown format is named
 
 
 @dataclass(frozen=True, eq=False)
@@ -61,7 +97,8 @@ class Rollout:
     errors: dict[int, str] = field(default_factory=dict)  # traj id -> environment error message
 
     def learnable(self) -> Rollout:
-        """The rows of trajectories that did not hit an environment error."""
+        """The rows of trajectories that did not hit an environment error (what is learned
+        from); ``stats`` are kept, ``errors`` dropped."""
         keep = np.flatnonzero(~self.table.errored)
         return Rollout(
             self.table.select(keep),
@@ -87,70 +124,66 @@ class _Trajectory:
     info: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass
+class _Tally:
+    """Counters of one collection: prompt-budget fallbacks, tokens, seconds."""
+
+    no_history: int = 0  # prompts re-rendered without history
+    cut: int = 0  # prompts whose oldest tokens were cut
+    truncated: int = 0  # responses cut by the token budget
+    generated: int = 0  # sampled tokens
+    sample_seconds: float = 0.0
+    env_seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class _Sampling:
+    """What every turn samples with: the policy, the response format and the generator."""
+
+    model: Any
+    tokenizer: Any
+    options: CollectOptions
+    fmt: str  # the response format, resolved
+    budget: int  # max new tokens per response
+    stops: tuple[str, ...]
+    eos: list[int]
+    pad: int
+    generator: torch.Generator
+
+
 def collect(
     model: Any,
     tokenizer: Any,
     env_factory: Callable[[], Env],
     tasks: Sequence[int],
-    *,
-    group_size: int = 8,
-    split: str = "train",
-    temperature: float = 1.0,
-    max_turns: int | None = None,
-    max_new_tokens: int | None = None,
-    history: int = 2,
-    response_format: str | None = None,
-    seed: int = 0,
-    max_prompt_tokens: int | None = None,
+    options: CollectOptions,
 ) -> Rollout:
-    """Play every task with ``group_size`` siblings and return the rows, tokens and stats.
+    """Play every task with ``options.group_size`` siblings; return the rows, tokens, stats.
 
     Args:
         model, tokenizer: the policy (any Hugging Face causal LM and its tokenizer).
         env_factory: builds one fresh environment; called ``len(tasks) * group_size`` times.
-        tasks: G task seeds; ``env.reset(seed=task, split=split)`` gives the task.
-        group_size: N sibling rollouts per task.
-        temperature: sampling temperature (1.0 for training, 0.4 for evaluation).
-        max_turns: turn limit (default: each environment's ``max_turns``).
-        max_new_tokens: response budget (default: 512 for "think", 32 for "action").
-        history: observation/action pairs shown in the prompt (h).
-        response_format: "think" or "action" (default: "think" with a chat template).
-        seed: seeds the sampling generator; same seed and weights give the same rollout.
-        max_prompt_tokens: prompt budget (see the module docstring); None means no limit.
+        tasks: G task seeds; ``env.reset(seed=task, split=options.split)`` gives the task.
+        options: group size, split, sampling and prompt settings (:class:`CollectOptions`).
     """
     from mcgpo.envs.pool import EnvPool
 
-    fmt = response_format or default_response_format(tokenizer)
-    stops = stop_strings(fmt)  # also validates fmt
-    budget = DEFAULT_MAX_NEW_TOKENS[fmt] if max_new_tokens is None else max_new_tokens
     if len(tasks) == 0:
         raise ValueError("tasks is empty: give at least one task seed")
-    if budget < 1:
-        raise ValueError(f"max_new_tokens must be >= 1 or None, got {max_new_tokens}")
-    if group_size < 1:
-        raise ValueError(f"group_size must be >= 1, got {group_size}")
-    if max_turns is not None and max_turns < 1:
-        raise ValueError(f"max_turns must be >= 1 or None, got {max_turns}")
-    if max_prompt_tokens is not None and max_prompt_tokens < 1:
-        raise ValueError(f"max_prompt_tokens must be >= 1 or None, got {max_prompt_tokens}")
     start = time.perf_counter()
-    n_env = len(tasks) * group_size
+    sampling = _sampling(model, tokenizer, options)
+    n_env = len(tasks) * options.group_size
     envs = [env_factory() for _ in range(n_env)]
-    limits = [max_turns if max_turns is not None else int(env.max_turns) for env in envs]
+    limits = [options.max_turns or int(env.max_turns) for env in envs]
     pool = EnvPool(envs)
-    seeds = [int(tasks[e // group_size]) for e in range(n_env)]
+    seeds = [int(tasks[e // options.group_size]) for e in range(n_env)]
+    tally = _Tally()
     t_env = time.perf_counter()
-    first = pool.reset(seeds, split)
-    env_seconds = time.perf_counter() - t_env
+    first = pool.reset(seeds, options.split)
+    tally.env_seconds += time.perf_counter() - t_env
     current: list[Observation | None] = list(first)
     task_type = ["" if o is None else o.task_type for o in first]
     trajs = [_Trajectory() for _ in range(n_env)]
-    device = next(model.parameters()).device
-    generator = torch.Generator(device=device).manual_seed(seed)
-    eos = _eos_ids(model, tokenizer)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos)
-    counts = {"no_history": 0, "cut": 0, "truncated": 0, "generated": 0}
-    sample_seconds = 0.0
     while True:
         live = [
             e
@@ -162,41 +195,76 @@ def collect(
         ]
         if not live:
             break
-        prompts = [
-            _prompt_ids(tokenizer, current[e], trajs[e].past, history, fmt, max_prompt_tokens, counts)
-            for e in live
-        ]  # fmt: skip
-        t0 = time.perf_counter()
-        out = sample(
-            model, prompts, temperature=temperature, max_new_tokens=budget, eos_token_id=eos,
-            pad_token_id=pad, stop_strings=stops, tokenizer=tokenizer, generator=generator,
-        )  # fmt: skip
-        sample_seconds += time.perf_counter() - t0
-        texts = tokenizer.batch_decode(out.response_ids, skip_special_tokens=True)
-        parsed = [parse_action(t, fmt) for t in texts]
-        t0 = time.perf_counter()
-        results = pool.step({e: parsed[j][0] for j, e in enumerate(live)})
-        env_seconds += time.perf_counter() - t0
-        for j, e in enumerate(live):
-            ids = out.response_ids[j]
-            counts["generated"] += len(ids)
-            if len(ids) == budget and ids[-1] not in eos and not any(s in texts[j] for s in stops):
-                counts["truncated"] += 1
-            if e not in results:  # the environment errored on this step
-                continue
-            obs, res = current[e], results[e]
-            assert obs is not None
-            action, valid = parsed[j]
-            _record(trajs[e], obs, res, action, valid, e, group_size, task_type[e])
-            tr = trajs[e]
-            tr.prompts.append(prompts[j])
-            tr.responses.append(ids)
-            tr.log_probs.append(out.log_probs[j])
-            tr.texts.append(texts[j])
-            current[e] = res.observation
+        _play_turn(sampling, pool, live, current, trajs, task_type, tally)
     errored = [bool(pool.errored[e]) for e in range(n_env)]
-    rollout = _assemble(trajs, errored, pad, counts, start, sample_seconds, env_seconds)
+    rollout = _assemble(trajs, errored, sampling.pad, tally, start)
     return replace(rollout, errors={int(e): str(m) for e, m in pool.errors.items()})
+
+
+def _sampling(model: Any, tokenizer: Any, opts: CollectOptions) -> _Sampling:
+    """Resolve the response format and token budget; seed the generator on the model's device."""
+    fmt = opts.response_format or default_response_format(tokenizer)
+    budget = DEFAULT_MAX_NEW_TOKENS[fmt] if opts.max_new_tokens is None else opts.max_new_tokens
+    device = next(model.parameters()).device
+    eos = _eos_ids(model, tokenizer)
+    return _Sampling(
+        model=model,
+        tokenizer=tokenizer,
+        options=opts,
+        fmt=fmt,
+        budget=budget,
+        stops=stop_strings(fmt),
+        eos=eos,
+        pad=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos),
+        generator=torch.Generator(device=device).manual_seed(opts.seed),
+    )
+
+
+def _play_turn(
+    s: _Sampling,
+    pool: Any,
+    live: list[int],
+    current: list[Observation | None],
+    trajs: list[_Trajectory],
+    task_type: list[str],
+    tally: _Tally,
+) -> None:
+    """One turn of every live environment: one sampler call, one ``EnvPool.step``."""
+    opts, tokenizer = s.options, s.tokenizer
+    prompts = [_prompt_ids(s, current[e], trajs[e].past, tally) for e in live]
+    t0 = time.perf_counter()
+    out = sample(
+        s.model, prompts, temperature=opts.temperature, max_new_tokens=s.budget,
+        eos_token_id=s.eos, pad_token_id=s.pad, stop_strings=s.stops, tokenizer=tokenizer,
+        generator=s.generator,
+    )  # fmt: skip
+    tally.sample_seconds += time.perf_counter() - t0
+    texts = tokenizer.batch_decode(out.response_ids, skip_special_tokens=True)
+    parsed = [parse_action(t, s.fmt) for t in texts]
+    t0 = time.perf_counter()
+    results = pool.step({e: parsed[j][0] for j, e in enumerate(live)})
+    tally.env_seconds += time.perf_counter() - t0
+    for j, e in enumerate(live):
+        ids = out.response_ids[j]
+        tally.generated += len(ids)
+        if (
+            len(ids) == s.budget
+            and ids[-1] not in s.eos
+            and not any(x in texts[j] for x in s.stops)
+        ):
+            tally.truncated += 1
+        if e not in results:  # the environment errored on this step
+            continue
+        obs, res = current[e], results[e]
+        assert obs is not None
+        action, valid = parsed[j]
+        _record(trajs[e], obs, res, action, valid, e, opts.group_size, task_type[e])
+        tr = trajs[e]
+        tr.prompts.append(prompts[j])
+        tr.responses.append(ids)
+        tr.log_probs.append(out.log_probs[j])
+        tr.texts.append(texts[j])
+        current[e] = res.observation
 
 
 def _eos_ids(model: Any, tokenizer: Any) -> list[int]:
@@ -216,23 +284,25 @@ def _eos_ids(model: Any, tokenizer: Any) -> list[int]:
 
 
 def _prompt_ids(
-    tokenizer: Any,
-    obs: Observation | None,
-    past: list[tuple[str, str]],
-    history: int,
-    fmt: str,
-    limit: int | None,
-    counts: dict[str, int],
+    s: _Sampling, obs: Observation | None, past: list[tuple[str, str]], tally: _Tally
 ) -> list[int]:
     """:func:`~mcgpo.rollout.prompts.prompt_ids`, counting the budget fallbacks."""
     assert obs is not None
+    history = s.options.history
     ids, fit = prompt_ids(
-        tokenizer, obs, past, history=history, response_format=fmt, max_prompt_tokens=limit
+        s.tokenizer,
+        obs,
+        past,
+        history=history,
+        response_format=s.fmt,
+        max_prompt_tokens=s.options.max_prompt_tokens,
     )
-    if fit == "cut" and history > 0 and past:
-        counts["no_history"] += 1
-    if fit != "full":
-        counts[fit] += 1
+    if fit == "cut" and history > 0 and past:  # re-rendered without history, then cut
+        tally.no_history += 1
+    if fit == "no_history":
+        tally.no_history += 1
+    elif fit == "cut":
+        tally.cut += 1
     return ids
 
 
@@ -278,10 +348,8 @@ def _assemble(
     trajs: list[_Trajectory],
     errored: list[bool],
     pad: int,
-    counts: dict[str, int],
+    tally: _Tally,
     start: float,
-    sample_seconds: float,
-    env_seconds: float,
 ) -> Rollout:
     rows: list[dict[str, Any]] = []
     prompts: list[list[int]] = []
@@ -299,10 +367,10 @@ def _assemble(
         texts += tr.texts
     table = StepTable.from_records(rows)
     tokens = TokenBatch.from_sequences(prompts, responses, log_probs, pad_token_id=pad)
-    stats = _stats(trajs, errored, table, tokens, counts)
+    stats = _stats(trajs, errored, table, tokens, tally)
     stats["seconds"] = time.perf_counter() - start
-    stats["sample_seconds"] = sample_seconds
-    stats["env_seconds"] = env_seconds
+    stats["sample_seconds"] = tally.sample_seconds
+    stats["env_seconds"] = tally.env_seconds
     return Rollout(table, tokens, stats, tuple(texts))
 
 
@@ -311,7 +379,7 @@ def _stats(
     errored: list[bool],
     table: StepTable,
     tokens: TokenBatch,
-    counts: dict[str, int],
+    tally: _Tally,
 ) -> dict[str, float]:
     ok = [e for e, tr in enumerate(trajs) if not errored[e] and tr.rows]
     rows_ok = ~table.errored
@@ -327,13 +395,13 @@ def _stats(
         "mean_turns": _mean([float(len(trajs[e].rows)) for e in ok]),
         "invalid_rate": float((~table.action_valid[rows_ok]).mean()) if n_rows else 0.0,
         "inadmissible_rate": sum(trajs[e].inadmissible for e in ok) / max(n_rows, 1),
-        "tokens_generated": float(counts["generated"]),
+        "tokens_generated": float(tally.generated),
         "response_tokens_mean": float(resp.mean()) if len(resp) else 0.0,
         "prompt_tokens_mean": float(prompt.mean()) if len(prompt) else 0.0,
         "prompt_tokens_max": float(prompt.max()) if len(prompt) else 0.0,
-        "responses_truncated": float(counts["truncated"]),
-        "prompts_no_history": float(counts["no_history"]),
-        "prompts_cut": float(counts["cut"]),
+        "responses_truncated": float(tally.truncated),
+        "prompts_no_history": float(tally.no_history),
+        "prompts_cut": float(tally.cut),
     }
     by_type: dict[str, list[float]] = {}
     for e in ok:

@@ -50,7 +50,6 @@ class Checkpoint:
     task_cursor: int  # index of the next training task
     optimizer: dict[str, Any]  # optimiser state_dict
     rng: dict[str, Any]  # see rng_state()
-    extra: dict[str, Any]  # anything else the trainer stored (e.g. best eval so far)
 
     @property
     def model_path(self) -> Path:
@@ -99,7 +98,6 @@ def save_checkpoint(
     optimizer: torch.optim.Optimizer,
     update: int,
     task_cursor: int,
-    extra: dict[str, Any] | None = None,
     keep: int = 2,
 ) -> Path:
     """Write checkpoint ``update`` atomically; returns its folder."""
@@ -118,7 +116,6 @@ def save_checkpoint(
         "task_cursor": task_cursor,
         "optimizer": optimizer.state_dict(),
         "rng": rng_state(),
-        "extra": extra or {},
     }
     torch.save(payload, tmp / "trainer.pt")
     if final.exists():  # the same update saved again (e.g. the final save after a resume)
@@ -154,5 +151,4 @@ def load_checkpoint(path: Path) -> Checkpoint:
         task_cursor=int(payload["task_cursor"]),
         optimizer=payload["optimizer"],
         rng=payload["rng"],
-        extra=dict(payload["extra"]),
     )

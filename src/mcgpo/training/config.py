@@ -1,4 +1,4 @@
-"""Run configuration: frozen dataclasses, the only place where defaults live.
+"""Run configuration: frozen dataclasses, the one place where the run's own defaults live.
 
 One dataclass per concern (environment, rollout, algorithm, optimisation, evaluation, warm
 start), nested in :class:`RunConfig`. Each field's ``help`` is its ``--help`` line, and the
@@ -12,6 +12,12 @@ chosen by ``algo.name`` (checked against its signature: ``--algo.omega 0.2``,
 ``--env.n_receptacles 12``). Their defaults live with their owners; the resolved config
 written to a run folder lists the algorithm's in full.
 
+The loss coefficients (``train.clip``, ``dual_clip``, ``kl_coef``, ``kl_kind``,
+``entropy_coef``) and ``algo.lambda_pair`` have their defaults here only: the objectives take
+them as arguments. Two values are read from their owners instead of copied: the KL kinds
+from :mod:`mcgpo.objectives` (imported by :meth:`TrainConfig.check` only, so that reading a
+config does not import torch) and the shaping coefficient from :mod:`mcgpo.shaping`.
+
 Resolution: dataclass defaults, then a preset, then command-line flags (:mod:`mcgpo.cli`).
 Unknown keys and bad values raise :class:`ConfigError` naming the key.
 """
@@ -24,7 +30,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any
 
+from mcgpo.shaping import SHAPING_COEF
+
 __all__ = [
+    "LAMBDA_PAIR",
     "AlgoConfig",
     "ConfigError",
     "EnvConfig",
@@ -39,12 +48,9 @@ __all__ = [
 ]
 
 
-# Mirrors of values owned elsewhere, kept here so that reading a config never imports torch;
-# tests/training/test_config.py checks that they equal their owners' (mcgpo.objectives
-# LAMBDA_PAIR and KL_KINDS, mcgpo.shaping SHAPING_COEF).
+# The weight of the MCGPO pair loss: the paper's value is unknown; swept, docs/algorithms/mcgpo.md
+# §3a (was 0.1). Defined here only: the loss takes it as an argument.
 LAMBDA_PAIR = 1.0
-SHAPING_COEF = 1.0
-KL_KINDS = ("low_var_kl", "k3", "kl", "k1", "mse", "k2", "abs")
 
 
 class ConfigError(ValueError):
@@ -129,6 +135,8 @@ class TrainConfig:
         _positive("train.clip", self.clip)
         if self.dual_clip != 0 and not self.dual_clip > 1:
             raise ConfigError(f"train.dual_clip must be 0 (off) or > 1, got {self.dual_clip}")
+        from mcgpo.objectives import KL_KINDS  # defined beside the estimators (imports torch)
+
         _choice("train.kl_kind", self.kl_kind, KL_KINDS)
         _at_least("train.ppo_epochs", self.ppo_epochs, 1)
         _at_least("train.mini_batch_size", self.mini_batch_size, 0)
@@ -158,6 +166,8 @@ class SFTConfig:
         0.0, "chance of a random admissible action in the demo roll-in (expert labels all turns)"
     )
     lr: float = _opt(1e-3, "AdamW learning rate for the warm start")
+    weight_decay: float = _opt(0.01, "AdamW weight decay for the warm start")
+    grad_clip: float = _opt(1.0, "gradient-norm clip for the warm start; 0 = off")
     warmup: int = _opt(10, "steps of linear learning-rate warm-up")
     batch_size: int = _opt(32, "demonstration turns per optimiser step")
 
@@ -167,6 +177,8 @@ class SFTConfig:
         if not 0.0 <= self.noise < 1.0:
             raise ConfigError(f"sft.noise must be in [0, 1), got {self.noise}")
         _positive("sft.lr", self.lr)
+        _at_least("sft.weight_decay", self.weight_decay, 0.0)
+        _at_least("sft.grad_clip", self.grad_clip, 0.0)
         _at_least("sft.warmup", self.warmup, 0)
         _at_least("sft.batch_size", self.batch_size, 1)
 

@@ -12,14 +12,16 @@ rates, as they are left out of learning.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+import json
 
 import numpy as np
 
 from mcgpo.advantages.groups import codes
+from mcgpo.rollout.collect import collect
 from mcgpo.steps import StepTable
 from mcgpo.training.config import RunConfig
+from mcgpo.training.metrics import Table
+from mcgpo.training.setup import RunSetup, collect_options, prepare
 
 __all__ = ["episode_summary", "evaluate", "run_eval"]
 
@@ -58,54 +60,31 @@ def episode_summary(table: StepTable, prefix: str) -> dict[str, float]:
     return out
 
 
-def evaluate(
-    model: Any,
-    tokenizer: Any,
-    env_factory: Callable[[], Any],
-    cfg: RunConfig,
-    *,
-    response_format: str,
-    seed: int,
-) -> dict[str, float]:
-    """One episode per held-out task at ``eval.temperature``; returns ``eval/*`` metrics."""
-    from mcgpo.rollout import collect
-
+def evaluate(setup: RunSetup) -> dict[str, float]:
+    """One episode per held-out task at ``eval.temperature`` with the policy of ``setup`` (as
+    it is now); returns ``eval/*`` metrics (empty when ``eval.tasks`` is 0)."""
+    cfg = setup.cfg
     if cfg.eval.tasks == 0:
         return {}
-    rollout = collect(
-        model,
-        tokenizer,
-        env_factory,
-        list(range(cfg.eval.tasks)),
-        group_size=1,
+    options = collect_options(
+        cfg,
+        setup.response_format,
         split=cfg.eval.split,
         temperature=cfg.eval.temperature,
-        max_turns=cfg.env.max_turns or None,
-        max_new_tokens=cfg.rollout.max_new_tokens,
-        history=cfg.rollout.history,
-        response_format=response_format,
-        seed=seed,
-        max_prompt_tokens=cfg.rollout.max_prompt_tokens,
+        group_size=1,
+        seed=eval_seed(cfg.seed),
     )
+    tasks = list(range(cfg.eval.tasks))
+    rollout = collect(setup.model, setup.tokenizer, setup.make_env, tasks, options)
     return episode_summary(rollout.table, "eval")
 
 
-def run_eval(cfg: RunConfig, command: str = "") -> Any:
+def run_eval(cfg: RunConfig, command: str = "") -> Table:
     """``mcgpo eval``: evaluate ``cfg.model`` and write ``eval.json`` into ``cfg.out``."""
-    import json
-    from pathlib import Path
-
-    from mcgpo.training.metrics import Table
-    from mcgpo.training.setup import apply_runtime, env_factory, load_model, response_format_for
-
-    make_env = env_factory(cfg)  # a bad environment option fails before the model loads
-    apply_runtime(cfg)
-    model, tokenizer = load_model(cfg, make_env=make_env)
-    fmt = response_format_for(cfg, tokenizer)
-    stats = evaluate(model, tokenizer, make_env, cfg, response_format=fmt, seed=eval_seed(cfg.seed))
-    out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "eval.json").write_text(json.dumps({"command": command, **stats}, indent=2) + "\n")
+    setup = prepare(cfg, command, kind="eval")
+    stats = evaluate(setup)
+    text = json.dumps({"command": command, **stats}, indent=2) + "\n"
+    (setup.folder / "eval.json").write_text(text, encoding="utf-8")
     return Table.from_metrics(f"evaluation of {cfg.model} on {cfg.env.name}", {"": stats})
 
 

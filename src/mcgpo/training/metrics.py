@@ -1,7 +1,7 @@
 """Metric sinks: JSON lines, TensorBoard, and a progress bar with the live success rate.
 
 Library code returns stats dicts; only the trainer hands them to these sinks. Metric names
-are ``section/name`` (``rollout/success``, ``loss/policy``, ``eval/success``, ...) and are
+are ``section/name`` (``rollout/success_rate``, ``loss/policy``, ``eval/success``, ...) and are
 documented in docs/training.md. ``metrics.jsonl`` holds one record per update (and one per
 evaluation) with the update count under ``update``.
 

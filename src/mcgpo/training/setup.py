@@ -1,8 +1,12 @@
-"""Setup for the trainer, kept apart from the loop: everything that builds objects.
+"""Setup, kept apart from the loops: everything that builds objects.
 
-:func:`setup_run` resolves the algorithm options, prepares the run folder (or checks the one
-being resumed), seeds and threads torch, loads the policy and the frozen reference, builds
-AdamW, restores a checkpoint and opens the metric sinks. The loop in
+:func:`prepare` is the one setup path of ``mcgpo train``, ``sft`` and ``eval``: typed
+environment options, the run folder (created and checked writable), ``config.toml``, the
+environment factory, runtime seeds and threads, the policy and its response format. Every
+mistake a user can make there (a bad option, an environment that cannot be built, an
+``--out`` that cannot be written) is reported as a :class:`ConfigError` before any model
+work. :func:`setup_run` builds on it what only training needs: the algorithm's options,
+resume, the frozen reference, AdamW and the metric sinks. The loop in
 :mod:`mcgpo.training.trainer` only uses what it returns.
 
 Seeds: every random choice derives from ``(seed, update)`` (rollout sampling, evaluation
@@ -15,8 +19,9 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import os
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,20 +29,31 @@ from typing import Any
 import numpy as np
 import torch
 
+from mcgpo.rollout.collect import CollectOptions
 from mcgpo.training.checkpoint import latest_checkpoint, load_checkpoint, restore_rng
 from mcgpo.training.config import ConfigError, RunConfig, flatten, from_dict, parse_scalar
 from mcgpo.training.metrics import MetricSinks
 
 __all__ = [
+    "KINDS",
     "Run",
+    "RunSetup",
     "apply_runtime",
     "build_optimizer",
+    "collect_options",
     "env_factory",
     "load_model",
+    "prepare",
     "response_format_for",
     "rollout_seed",
     "setup_run",
+    "tiny_corpus",
+    "writable_folder",
 ]
+
+# The commands that share prepare(); "eval" writes no config.toml (its --out may be the
+# folder of the run it evaluates).
+KINDS = ("train", "sft", "eval")
 
 # Settings that may change when a run is resumed; anything else must match the saved config.
 RESUMABLE = {
@@ -54,20 +70,108 @@ RESUMABLE = {
 
 
 @dataclass
-class Run:
-    """What the loop works with. ``update`` and ``task_cursor`` advance as it goes."""
+class RunSetup:
+    """What every command works with; built by :func:`prepare`."""
 
-    cfg: RunConfig  # resolved: algorithm options filled in
-    folder: Path
+    cfg: RunConfig  # env options typed; for train also the algorithm's options filled in
+    folder: Path  # the --out folder, created and writable
+    make_env: Callable[[], Any]  # a fresh environment of the run per call
     model: Any
     tokenizer: Any
+    response_format: str  # rollout.response_format with "auto" resolved from the tokenizer
+
+
+@dataclass
+class Run(RunSetup):
+    """What the training loop works with. ``updates_done`` and ``task_cursor`` advance."""
+
     ref_model: Any  # frozen initial policy for the KL term (None when kl_coef == 0)
     optimizer: torch.optim.Optimizer
-    make_env: Callable[[], Any]
-    response_format: str
     sinks: MetricSinks
-    update: int  # updates completed
+    updates_done: int  # updates completed
     task_cursor: int  # number of the next training task
+
+
+def prepare(cfg: RunConfig, command: str = "", *, kind: str) -> RunSetup:
+    """The setup shared by ``mcgpo train`` / ``sft`` / ``eval`` (``kind``), in that order:
+
+    typed env options (train: and the algorithm's options, then the run-folder checks of
+    :func:`setup_run`), the environment factory (builds one environment), the ``--out``
+    folder (created, checked writable), ``config.toml`` (train and sft), runtime, policy.
+    """
+    from mcgpo.training.presets import to_toml
+
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {', '.join(KINDS)}; got {kind!r}")
+    cfg = dataclasses.replace(cfg, env=dataclasses.replace(cfg.env, options=typed_env_options(cfg)))
+    if kind == "train":
+        from mcgpo.training.algorithms import resolve_algo
+
+        cfg = dataclasses.replace(cfg, algo=resolve_algo(cfg.algo, cfg.rollout.group_size))
+        _check_run_folder(cfg)
+    make_env = env_factory(cfg)
+    folder = writable_folder(cfg.out)
+    if kind != "eval":
+        (folder / "config.toml").write_text(to_toml(cfg, command), encoding="utf-8")
+    apply_runtime(cfg)
+    model, tokenizer = load_model(cfg, make_env=make_env)
+    return RunSetup(
+        cfg=cfg,
+        folder=folder,
+        make_env=make_env,
+        model=model,
+        tokenizer=tokenizer,
+        response_format=response_format_for(cfg, tokenizer),
+    )
+
+
+def setup_run(cfg: RunConfig, command: str = "") -> Run:
+    """Everything the training loop needs; a fresh run or the resumed one in ``cfg.out``."""
+    setup = prepare(cfg, command, kind="train")
+    cfg, model = setup.cfg, setup.model
+    ref_model = None
+    if cfg.train.kl_coef > 0:  # the initial policy, also when resuming
+        ref_model = copy.deepcopy(model).eval().requires_grad_(False)
+    updates_done, cursor = 0, cfg.seed * 1_000_000
+    checkpoint = latest_checkpoint(setup.folder) if cfg.resume else None
+    state = load_checkpoint(checkpoint) if checkpoint is not None else None
+    if state is not None:
+        model, _ = load_model(cfg, state.model_path)
+        updates_done, cursor = state.update, state.task_cursor
+    if cfg.train.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+        model.config.use_cache = False  # the sampler passes its own cache explicitly
+    optimizer = build_optimizer(model, cfg.train.lr, cfg.train.weight_decay)
+    if state is not None:
+        optimizer.load_state_dict(state.optimizer)
+        restore_rng(state.rng)
+    sinks = MetricSinks(
+        setup.folder, tensorboard=cfg.tensorboard, resume_at=updates_done if cfg.resume else None
+    )
+    fields = {f.name: getattr(setup, f.name) for f in dataclasses.fields(RunSetup)}
+    return Run(
+        **{**fields, "model": model},
+        ref_model=ref_model,
+        optimizer=optimizer,
+        sinks=sinks,
+        updates_done=updates_done,
+        task_cursor=cursor,
+    )
+
+
+def writable_folder(path: str | Path) -> Path:
+    """``path`` as a folder that exists and can be written; else a one-line ConfigError."""
+    folder = Path(path)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise ConfigError(f"--out {str(folder)!r} exists and is not a folder") from None
+    except OSError as err:
+        reason = err.strerror or type(err).__name__
+        raise ConfigError(f"--out {str(folder)!r}: cannot create the folder ({reason})") from None
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ConfigError(f"--out {str(folder)!r}: the folder is not writable")
+    return folder
 
 
 def apply_runtime(cfg: RunConfig) -> None:
@@ -89,25 +193,31 @@ def load_model(
 ) -> tuple[Any, Any]:
     """The policy of ``cfg.model`` (or ``path``) on ``cfg.device``: a folder, or 'tiny'.
 
-    ``make_env``: the run's environment factory (default ``env_factory(cfg)``), used for the
-    tiny model's tokenizer corpus."""
+    ``make_env``: the run's environment factory (default ``env_factory(cfg)``); for 'tiny'
+    the tokenizer learns the text of the environment as configured (its sizes, its game
+    cache), from ``cfg.corpus_episodes`` expert-led training episodes."""
     from mcgpo.policy import build_tiny_policy, load_policy
     from mcgpo.policy.loading import PolicyLoadError
 
     source = str(path or cfg.model)
     if source == "tiny":
-        # the tokenizer learns the text of the environment as configured (its sizes, its
-        # game cache), from cfg.corpus_episodes expert-led training episodes
-        make = make_env or env_factory(cfg)
-        model, tokenizer = build_tiny_policy(
-            (cfg.env.name,), seed=cfg.seed, episodes=cfg.corpus_episodes, make=lambda _: make()
-        )
+        texts = tiny_corpus(cfg, make_env or env_factory(cfg))
+        model, tokenizer = build_tiny_policy(texts, seed=cfg.seed)
     else:
         try:
             model, tokenizer = load_policy(source)
         except PolicyLoadError as err:
             raise ConfigError(str(err)) from None
     return model.to(cfg.device), tokenizer
+
+
+def tiny_corpus(cfg: RunConfig, make_env: Callable[[], Any]) -> Iterable[str]:
+    """The tiny tokenizer's corpus: ``cfg.corpus_episodes`` episodes of the run's environment."""
+    from mcgpo.rollout.corpus import environment_corpus
+
+    return environment_corpus(
+        (cfg.env.name,), episodes=cfg.corpus_episodes, seed=cfg.seed, make=lambda _: make_env()
+    )
 
 
 def env_factory(cfg: RunConfig) -> Callable[[], Any]:
@@ -139,6 +249,31 @@ def response_format_for(cfg: RunConfig, tokenizer: Any) -> str:
     return default_response_format(tokenizer) if fmt == "auto" else fmt
 
 
+def collect_options(
+    cfg: RunConfig,
+    response_format: str,
+    *,
+    split: str,
+    temperature: float,
+    group_size: int,
+    seed: int,
+) -> CollectOptions:
+    """The options of :func:`mcgpo.rollout.collect` for a run: turn limit, response and
+    prompt budgets and history from ``cfg``; split, temperature, group size and seed differ
+    between training rollouts and evaluation, so the caller names them."""
+    return CollectOptions(
+        group_size=group_size,
+        split=split,
+        temperature=temperature,
+        max_turns=cfg.env.max_turns or None,
+        max_new_tokens=cfg.rollout.max_new_tokens,
+        history=cfg.rollout.history,
+        response_format=response_format,
+        seed=seed,
+        max_prompt_tokens=cfg.rollout.max_prompt_tokens,
+    )
+
+
 def build_optimizer(model: Any, lr: float, weight_decay: float) -> torch.optim.Optimizer:
     """AdamW over the trainable parameters (decay on all of them, as verl's FSDP actor)."""
     params = [p for p in model.parameters() if p.requires_grad]
@@ -150,16 +285,8 @@ def rollout_seed(seed: int, update: int) -> int:
     return int(np.random.SeedSequence([seed, update]).generate_state(1)[0])
 
 
-def setup_run(cfg: RunConfig, command: str = "") -> Run:
-    """Everything the training loop needs; a fresh run or the resumed one in ``cfg.out``."""
-    from mcgpo.training.algorithms import resolve_algo
-    from mcgpo.training.presets import to_toml
-
-    cfg = dataclasses.replace(
-        cfg,
-        algo=resolve_algo(cfg.algo, cfg.rollout.group_size),
-        env=dataclasses.replace(cfg.env, options=typed_env_options(cfg)),
-    )
+def _check_run_folder(cfg: RunConfig) -> None:
+    """A fresh run needs a folder without a run; a resumed one its checkpoint and settings."""
     folder = Path(cfg.out)
     checkpoint = latest_checkpoint(folder)
     if cfg.resume:
@@ -170,42 +297,6 @@ def setup_run(cfg: RunConfig, command: str = "") -> Run:
         raise ConfigError(
             f"run folder {str(folder)!r} already holds a run; use --resume or another --out"
         )
-    make_env = env_factory(cfg)
-    apply_runtime(cfg)
-    model, tokenizer = load_model(cfg, make_env=make_env)
-    ref_model = None
-    if cfg.train.kl_coef > 0:  # the initial policy, also when resuming
-        ref_model = copy.deepcopy(model).eval().requires_grad_(False)
-    update, cursor = 0, cfg.seed * 1_000_000
-    state = load_checkpoint(checkpoint) if cfg.resume and checkpoint is not None else None
-    if state is not None:
-        model, _ = load_model(cfg, state.model_path)
-        update, cursor = state.update, state.task_cursor
-    if cfg.train.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
-        model.config.use_cache = False  # the sampler passes its own cache explicitly
-    optimizer = build_optimizer(model, cfg.train.lr, cfg.train.weight_decay)
-    if state is not None:
-        optimizer.load_state_dict(state.optimizer)
-        restore_rng(state.rng)
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "config.toml").write_text(to_toml(cfg, command), encoding="utf-8")
-    sinks = MetricSinks(
-        folder, tensorboard=cfg.tensorboard, resume_at=update if cfg.resume else None
-    )
-    return Run(
-        cfg=cfg,
-        folder=folder,
-        model=model,
-        tokenizer=tokenizer,
-        ref_model=ref_model,
-        optimizer=optimizer,
-        make_env=make_env,
-        response_format=response_format_for(cfg, tokenizer),
-        sinks=sinks,
-        update=update,
-        task_cursor=cursor,
-    )
 
 
 def _check_same_run(saved_path: Path, cfg: RunConfig) -> None:

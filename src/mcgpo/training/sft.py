@@ -22,11 +22,9 @@ experts give actions, not reasoning.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import random
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -34,9 +32,12 @@ import torch
 
 from mcgpo.rollout.tokens import TokenBatch
 from mcgpo.training.config import RunConfig
+from mcgpo.training.evaluate import evaluate
 from mcgpo.training.metrics import MetricSinks, ProgressBar, Table
+from mcgpo.training.setup import build_optimizer, prepare
+from mcgpo.training.update import clip_gradients
 
-__all__ = ["Demonstrations", "expert_demonstrations", "run_sft", "sft_loss"]
+__all__ = ["Demonstrations", "expert_demonstrations", "fine_tune", "run_sft", "sft_loss"]
 
 
 class Demonstrations:
@@ -108,66 +109,24 @@ def sft_loss(model: Any, batch: TokenBatch) -> torch.Tensor:
 def run_sft(cfg: RunConfig, command: str = "") -> Table:
     """``mcgpo sft``: warm-start ``cfg.model`` on expert demonstrations into ``<out>/model``."""
     from mcgpo.policy import save_policy
-    from mcgpo.training.evaluate import eval_seed, evaluate
-    from mcgpo.training.presets import to_toml
-    from mcgpo.training.setup import (
-        apply_runtime,
-        env_factory,
-        load_model,
-        response_format_for,
-        typed_env_options,
-    )
 
-    cfg = dataclasses.replace(cfg, env=dataclasses.replace(cfg.env, options=typed_env_options(cfg)))
-    folder = Path(cfg.out)
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "config.toml").write_text(to_toml(cfg, command), encoding="utf-8")
-    make_env = env_factory(cfg)
-    apply_runtime(cfg)
-    model, tokenizer = load_model(cfg, make_env=make_env)
-    fmt = response_format_for(cfg, tokenizer)
+    setup = prepare(cfg, command, kind="sft")
+    cfg, folder = setup.cfg, setup.folder
     sinks = MetricSinks(folder, tensorboard=False)
 
     def evaluate_now(step: int) -> dict[str, float]:
-        stats = evaluate(
-            model, tokenizer, make_env, cfg, response_format=fmt, seed=eval_seed(cfg.seed)
-        )
+        stats = evaluate(setup)
         sinks.write(step, stats)
         return stats
 
     before = evaluate_now(0)
     clock = time.perf_counter()
-    demos = expert_demonstrations(make_env, tokenizer, cfg, fmt)
+    demos = expert_demonstrations(setup.make_env, setup.tokenizer, cfg, setup.response_format)
     t_demos = time.perf_counter() - clock
-    device = next(model.parameters()).device
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.sft.lr, weight_decay=0.01)
-    warmup = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: min(1.0, (s + 1) / (cfg.sft.warmup + 1))
-    )
-    generator = torch.Generator().manual_seed(cfg.seed)
-    per_epoch = -(-len(demos) // cfg.sft.batch_size)
-    total = cfg.sft.epochs * per_epoch
-    bar = ProgressBar(total, enabled=cfg.progress, desc="sft", unit="step")
-    model.train()
-    step = 0
-    for _ in range(cfg.sft.epochs):
-        order = torch.randperm(len(demos), generator=generator).numpy()
-        for start in range(0, len(demos), cfg.sft.batch_size):
-            batch = demos.batch(order[start : start + cfg.sft.batch_size], tokenizer.pad_token_id)
-            loss = sft_loss(model, batch.to(device))
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-            warmup.step()
-            step += 1
-            sinks.write(step, {"sft/loss": loss.item(), "sft/grad_norm": norm.item()})
-            bar.show(loss=loss.item())
-            bar.advance()
-    bar.close()
+    step = fine_tune(setup.model, setup.tokenizer, demos, cfg, sinks)
     t_train = time.perf_counter() - clock - t_demos
     after = evaluate_now(step)
-    save_policy(model, tokenizer, folder / "model")
+    save_policy(setup.model, setup.tokenizer, folder / "model")
     summary = {
         "command": command,
         "demos": {"episodes": demos.episodes, "turns": len(demos), "seconds": round(t_demos, 2)},
@@ -184,3 +143,36 @@ def run_sft(cfg: RunConfig, command: str = "") -> Table:
         f"T={cfg.eval.temperature}; policy saved to {folder / 'model'}"
     )
     return Table.from_metrics(title, {"before SFT": before, "after SFT": after})
+
+
+def fine_tune(
+    model: Any, tokenizer: Any, demos: Demonstrations, cfg: RunConfig, sinks: MetricSinks
+) -> int:
+    """``sft.epochs`` shuffled passes over ``demos`` in batches of ``sft.batch_size``: AdamW
+    (the trainer's builder) with a linear warm-up and gradient clipping; returns the steps."""
+    device = next(model.parameters()).device
+    optimizer = build_optimizer(model, cfg.sft.lr, cfg.sft.weight_decay)
+    warmup = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: min(1.0, (s + 1) / (cfg.sft.warmup + 1))
+    )
+    generator = torch.Generator().manual_seed(cfg.seed)
+    per_epoch = -(-len(demos) // cfg.sft.batch_size)
+    bar = ProgressBar(cfg.sft.epochs * per_epoch, enabled=cfg.progress, desc="sft", unit="step")
+    model.train()
+    step = 0
+    for _ in range(cfg.sft.epochs):
+        order = torch.randperm(len(demos), generator=generator).numpy()
+        for start in range(0, len(demos), cfg.sft.batch_size):
+            batch = demos.batch(order[start : start + cfg.sft.batch_size], tokenizer.pad_token_id)
+            loss = sft_loss(model, batch.to(device))
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            norm = clip_gradients(model.parameters(), cfg.sft.grad_clip)
+            optimizer.step()
+            warmup.step()
+            step += 1
+            sinks.write(step, {"sft/loss": loss.item(), "sft/grad_norm": norm.item()})
+            bar.show(loss=loss.item())
+            bar.advance()
+    bar.close()
+    return step

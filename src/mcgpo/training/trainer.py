@@ -25,12 +25,13 @@ from typing import Any
 
 import numpy as np
 
+from mcgpo.rollout.collect import Rollout, collect
 from mcgpo.training.algorithms import Credit, assign_credit
 from mcgpo.training.checkpoint import save_checkpoint
 from mcgpo.training.config import RunConfig
-from mcgpo.training.evaluate import eval_seed, evaluate
+from mcgpo.training.evaluate import evaluate
 from mcgpo.training.metrics import ProgressBar, Table, read_metrics
-from mcgpo.training.setup import Run, rollout_seed, setup_run
+from mcgpo.training.setup import Run, collect_options, rollout_seed, setup_run
 from mcgpo.training.update import PairBatch, update_policy
 
 __all__ = ["train"]
@@ -38,42 +39,33 @@ __all__ = ["train"]
 
 def train(cfg: RunConfig, command: str = "") -> Table:
     """Run (or resume) training as configured; return the before/after evaluation table."""
-    from mcgpo.rollout import collect
-
     run = setup_run(cfg, command)
     cfg = run.cfg
-    if run.update == 0:
+    if run.updates_done == 0:
         _evaluate(run)  # the "before" column of the final table
-    bar = ProgressBar(cfg.train.updates, run.update, enabled=cfg.progress)
-    while run.update < cfg.train.updates:
-        update = run.update + 1
+    bar = ProgressBar(cfg.train.updates, run.updates_done, enabled=cfg.progress)
+    while run.updates_done < cfg.train.updates:
+        update = run.updates_done + 1
         clock = time.perf_counter()
 
         # 1. Collect G x N rollouts on the next G training tasks.
         tasks = list(range(run.task_cursor, run.task_cursor + cfg.rollout.groups))
-        rollout = collect(
-            run.model,
-            run.tokenizer,
-            run.make_env,
-            tasks,
-            group_size=cfg.rollout.group_size,
+        options = collect_options(
+            cfg,
+            run.response_format,
             split=cfg.env.train_split,
             temperature=cfg.rollout.temperature,
-            max_turns=cfg.env.max_turns or None,
-            max_new_tokens=cfg.rollout.max_new_tokens,
-            history=cfg.rollout.history,
-            response_format=run.response_format,
+            group_size=cfg.rollout.group_size,
             seed=rollout_seed(cfg.seed, update),
-            max_prompt_tokens=cfg.rollout.max_prompt_tokens,
         )
+        rollout = collect(run.model, run.tokenizer, run.make_env, tasks, options)
         run.task_cursor += cfg.rollout.groups
         t_rollout = time.perf_counter() - clock
 
         # 2. Credit on the learnable rows only (errored trajectories are excluded).
         clock = time.perf_counter()
-        keep = np.flatnonzero(~rollout.table.errored)
-        table, tokens = rollout.table.select(keep), rollout.tokens.select(keep)
-        credit = assign_credit(table, cfg.algo)
+        learnable = rollout.learnable()
+        credit = assign_credit(learnable.table, cfg.algo)
         t_credit = time.perf_counter() - clock
 
         # 3. The PPO update, the pair loss in the same micro-batch passes.
@@ -81,7 +73,7 @@ def train(cfg: RunConfig, command: str = "") -> Table:
         stats = update_policy(
             run.model,
             run.optimizer,
-            tokens,
+            learnable.tokens,
             credit.advantages,
             cfg.train,
             pairs=PairBatch(credit.plus, credit.minus, credit.weight),
@@ -89,22 +81,14 @@ def train(cfg: RunConfig, command: str = "") -> Table:
             ref_model=run.ref_model,
         )
         t_update = time.perf_counter() - clock
-        run.update = update
+        run.updates_done = update
 
         # 4. Log.
-        metrics = {
-            **{f"rollout/{k}": v for k, v in rollout.stats.items()},
-            **credit.stats,
-            **stats,
-            "adv/mean": float(credit.advantages.mean()) if len(table) else 0.0,
-            "adv/std": float(credit.advantages.std()) if len(table) else 0.0,
-            "time/rollout": t_rollout,
-            "time/credit": t_credit,
-            "time/update": t_update,
-        }
+        times = {"time/rollout": t_rollout, "time/credit": t_credit, "time/update": t_update}
+        metrics = _update_metrics(rollout, credit, stats, times)
         run.sinks.write(update, metrics)
         if cfg.save_rollouts:
-            _save_rollouts(run, update, rollout, keep, credit)
+            _save_rollouts(run, update, rollout, credit)
         bar.show(success=metrics["rollout/success_rate"])
 
         # 5. Evaluate and checkpoint (always after the last update).
@@ -120,21 +104,29 @@ def train(cfg: RunConfig, command: str = "") -> Table:
     return _summary(run)
 
 
+def _update_metrics(
+    rollout: Rollout, credit: Credit, stats: dict[str, float], times: dict[str, float]
+) -> dict[str, float]:
+    """One update's record: rollout stats, credit stats, update stats, advantages, times."""
+    learned = len(credit.advantages) > 0
+    return {
+        **{f"rollout/{k}": v for k, v in rollout.stats.items()},
+        **credit.stats,
+        **stats,
+        "adv/mean": float(credit.advantages.mean()) if learned else 0.0,
+        "adv/std": float(credit.advantages.std()) if learned else 0.0,
+        **times,
+    }
+
+
 def _evaluate(run: Run) -> dict[str, float]:
     """Evaluate the current policy, log it under the current update; returns the metrics."""
     if run.cfg.eval.tasks == 0:
         return {}
     clock = time.perf_counter()
-    stats = evaluate(
-        run.model,
-        run.tokenizer,
-        run.make_env,
-        run.cfg,
-        response_format=run.response_format,
-        seed=eval_seed(run.cfg.seed),
-    )
+    stats = evaluate(run)
     stats["time/eval"] = time.perf_counter() - clock
-    run.sinks.write(run.update, stats)
+    run.sinks.write(run.updates_done, stats)
     return stats
 
 
@@ -144,7 +136,7 @@ def _checkpoint(run: Run) -> None:
         model=run.model,
         tokenizer=run.tokenizer,
         optimizer=run.optimizer,
-        update=run.update,
+        update=run.updates_done,
         task_cursor=run.task_cursor,
     )
 
@@ -156,7 +148,7 @@ def _save_final_model(run: Run) -> None:
     save_policy(run.model, run.tokenizer, run.folder / "model")
 
 
-def _save_rollouts(run: Run, update: int, rollout: Any, keep: np.ndarray, credit: Credit) -> None:
+def _save_rollouts(run: Run, update: int, rollout: Rollout, credit: Credit) -> None:
     """``rollouts/update-NNNNNN.parquet``: the StepTable plus what learning made of each row.
 
     Extra columns: ``learnable`` (False for errored trajectories), ``advantage`` (NaN where
@@ -169,6 +161,7 @@ def _save_rollouts(run: Run, update: int, rollout: Any, keep: np.ndarray, credit
     import pyarrow.parquet as pq
 
     n = len(rollout.table)
+    keep = np.flatnonzero(~rollout.table.errored)  # the rows of rollout.learnable()
     advantage = np.full(n, np.nan, dtype=np.float32)
     advantage[keep] = credit.advantages
     pair = np.full(n, -1, dtype=np.int64)
@@ -214,7 +207,7 @@ def _summary(run: Run) -> Table:
         if last is not first:
             columns[f"after (update {last['update']})"] = _eval_only(last)
     title = (
-        f"{run.cfg.algo.name} on {run.cfg.env.name}: {run.update} updates, "
+        f"{run.cfg.algo.name} on {run.cfg.env.name}: {run.updates_done} updates, "
         f"eval on {run.cfg.eval.tasks} held-out tasks at T={run.cfg.eval.temperature}; "
         f"run folder {run.folder}"
     )

@@ -33,6 +33,7 @@ Aggregation, stated exactly:
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,7 +45,7 @@ from mcgpo.policy.logprobs import token_log_probs, token_log_probs_and_entropy
 from mcgpo.rollout.tokens import TokenBatch
 from mcgpo.training.config import TrainConfig
 
-__all__ = ["PairBatch", "update_policy"]
+__all__ = ["PairBatch", "clip_gradients", "update_policy"]
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,12 @@ class PairBatch:
     def empty(cls) -> PairBatch:
         z = np.zeros(0, dtype=np.int64)
         return cls(z, z, np.zeros(0))
+
+
+def clip_gradients(params: Iterable[torch.nn.Parameter], max_norm: float) -> torch.Tensor:
+    """Clip the gradient norm to ``max_norm`` (0 = off, as ``train.grad_clip`` and
+    ``sft.grad_clip``); returns the norm before clipping."""
+    return torch.nn.utils.clip_grad_norm_(params, max_norm or float("inf"))
 
 
 def _pairs_inside(rows: np.ndarray, pairs: PairBatch) -> PairBatch:
@@ -136,7 +143,7 @@ def update_policy(
                 used += int(stats.pop("pairs/used")[0])
                 for key, (value, weight) in stats.items():
                     add(key, value, weight)
-            norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip or float("inf"))
+            norm = clip_gradients(params, cfg.grad_clip)
             add("update/grad_norm", float(norm))
             if torch.isfinite(norm):
                 optimizer.step()
@@ -199,7 +206,7 @@ def _micro_step(
         ref_log_probs=ref,
         entropy=entropy if cfg.entropy_coef > 0 else None,
         clip=cfg.clip,
-        dual_clip=cfg.dual_clip or None,
+        dual_clip=cfg.dual_clip,
         kl_coef=cfg.kl_coef,
         kl_kind=cfg.kl_kind,
         entropy_coef=cfg.entropy_coef,

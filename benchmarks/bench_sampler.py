@@ -2,11 +2,11 @@
 
     python benchmarks/bench_sampler.py [--threads 1] [--new-tokens 32] [--repeats 3]
 
-Both sample at temperature 1 (no top-k / top-p) from the tiny default policy
-(``build_tiny_policy(("household",))``) on the same left-padded batch of 64 household
-prompts, and both produce exactly ``--new-tokens`` tokens per row (EOS disabled:
-``min_new_tokens`` for generate, no EOS id for the sampler), so the work is the same. Two
-batches:
+Both sample at temperature 1 (no top-k / top-p) from the tiny default policy (its tokenizer
+trained on ``environment_corpus(("household",), episodes=256)``) on the same left-padded
+batch of 64 household prompts, and both produce exactly ``--new-tokens`` tokens per row
+(EOS disabled: ``min_new_tokens`` for generate, no EOS id for the sampler), so the work is
+the same. Two batches:
 
 - ``group turn 0``: 8 tasks x 8 siblings, the first batch of every group rollout (the 8
   siblings of a task share their prompt; the sampler runs each distinct prompt once);
@@ -29,7 +29,7 @@ import torch
 
 import mcgpo
 from mcgpo.policy import build_tiny_policy
-from mcgpo.rollout import encode_prompt, render_prompt, sample
+from mcgpo.rollout import encode_prompt, environment_corpus, render_prompt, sample
 
 
 def household_prompts(tokenizer, *, distinct: bool) -> list[list[int]]:
@@ -66,7 +66,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore")
-    model, tok = build_tiny_policy(("household",), seed=0)
+    model, tok = build_tiny_policy(environment_corpus(("household",), episodes=256), seed=0)
     model.eval()
     new = args.new_tokens
     print(

@@ -59,6 +59,7 @@ from mcgpo.training.presets import load_preset
 from mcgpo.training.setup import (
     apply_runtime,
     build_optimizer,
+    collect_options,
     env_factory,
     load_model,
     response_format_for,
@@ -117,13 +118,13 @@ def config(model: str, seed: int, threads: int, algo: str) -> RunConfig:
 
 def collect_batch(policy: Any, tokenizer: Any, cfg: RunConfig, update: int) -> Any:
     groups = cfg.rollout.groups
-    return collect(
-        policy, tokenizer, env_factory(cfg), list(range((update - 1) * groups, update * groups)),
-        group_size=cfg.rollout.group_size, temperature=cfg.rollout.temperature,
-        max_turns=cfg.env.max_turns or None, max_new_tokens=cfg.rollout.max_new_tokens,
-        history=cfg.rollout.history, response_format=response_format_for(cfg, tokenizer),
-        seed=rollout_seed(cfg.seed, update), max_prompt_tokens=cfg.rollout.max_prompt_tokens,
+    options = collect_options(
+        cfg, response_format_for(cfg, tokenizer), split=cfg.env.train_split,
+        temperature=cfg.rollout.temperature, group_size=cfg.rollout.group_size,
+        seed=rollout_seed(cfg.seed, update),
     )  # fmt: skip
+    tasks = list(range((update - 1) * groups, update * groups))
+    return collect(policy, tokenizer, env_factory(cfg), tasks, options)
 
 
 def stress_pairs(table: Any) -> dict[str, np.ndarray]:
@@ -190,8 +191,8 @@ def main() -> None:
     with meter.measure():
         first = collect_batch(policy, tokenizer, cfg, 1)
     t_rollout = meter.seconds
-    keep = np.flatnonzero(~first.table.errored)
-    table, tokens = first.table.select(keep), first.tokens.select(keep)
+    learnable = first.learnable()
+    table, tokens = learnable.table, learnable.tokens
     credit, t_credit = {}, {}
     for algo, c in cfgs.items():
         with meter.measure():

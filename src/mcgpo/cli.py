@@ -25,37 +25,9 @@ from mcgpo.training.config import (
     from_dict,
     scalar_fields,
 )
+from mcgpo.training.run_commands import COMMANDS
 
-__all__ = ["main"]
-
-# Which top-level fields and sections each command takes.
-COMMANDS: dict[str, tuple[tuple[str, ...], tuple[str, ...], str]] = {
-    "sft": (
-        (
-            "model",
-            "corpus_episodes",
-            "out",
-            "preset",
-            "device",
-            "seed",
-            "threads",
-            "deterministic",
-            "progress",
-        ),
-        ("env", "rollout", "sft", "eval"),
-        "warm start: fine-tune the policy on the environment's expert demonstrations",
-    ),
-    "train": (
-        tuple(f.name for f in scalar_fields(RunConfig)),
-        ("env", "rollout", "algo", "train", "eval"),
-        "reinforcement learning: collect, advantages, update, log, evaluate, checkpoint",
-    ),
-    "eval": (
-        ("model", "corpus_episodes", "out", "preset", "device", "seed", "threads", "progress"),
-        ("env", "rollout", "eval"),
-        "evaluate a policy on held-out tasks (success per task type, score)",
-    ),
-}
+__all__ = ["COMMANDS", "build_parser", "main", "resolve"]
 
 SECTION_TITLES = {
     "env": "environment",
@@ -188,7 +160,7 @@ def resolve(command: str, argv: Sequence[str]) -> RunConfig:
     for dest, value in given.items():
         section, _, name = dest.rpartition(".")
         (overrides.setdefault(section, {}) if section else overrides)[name] = value
-    for section, values in _extra_options(command, COMMANDS[command][1], rest).items():
+    for section, values in _extra_options(command, COMMANDS[command].sections, rest).items():
         overrides.setdefault(section, {}).update(values)
     cfg = RunConfig()
     preset = given.get("preset", "")

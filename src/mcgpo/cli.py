@@ -1,10 +1,16 @@
-"""The ``mcgpo`` command: ``mcgpo sft | train | eval | presets``.
+"""The ``mcgpo`` command and its nine subcommands.
 
-Every field of :class:`~mcgpo.training.config.RunConfig` is a flag: top-level fields as
-``--model``, ``--out``, ``--save-rollouts``; section fields dotted (``--train.lr 1e-4``).
-Estimator options are ``--algo.<option>`` and MCGPO preference options
-``--algo.pairs.<option>``, checked against the chosen algorithm. Values resolve as dataclass
-defaults < ``--preset`` < flags.
+* ``sft``, ``train``, ``eval``: the run commands. Every field of
+  :class:`~mcgpo.training.config.RunConfig` that the command takes
+  (:data:`~mcgpo.training.run_commands.COMMANDS`) is a flag: top-level fields as ``--model``,
+  ``--out``, ``--save-rollouts``; section fields dotted (``--train.lr 1e-4``). Estimator
+  options are ``--algo.<option>`` and MCGPO preference options ``--algo.pairs.<option>``,
+  checked against the chosen algorithm; environment options are ``--env.<option>``. Values
+  resolve as dataclass defaults < ``--preset`` < flags.
+* ``report``: the held-out success of run folders side by side.
+* ``presets``: the shipped presets, each with the command on its first line.
+* ``bench``, ``ablate``, ``sweep`` (:mod:`mcgpo.bench.commands`) and ``alfworld-generate``
+  (the alfworld extra) parse their own options.
 
 A bad command line (unknown option, bad value, unknown algorithm, missing model folder, no
 checkpoint to resume) prints one line on stderr and exits with code 2, never a traceback.

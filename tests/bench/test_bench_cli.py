@@ -150,10 +150,12 @@ def test_bad_seeds_set_and_model_are_one_line_and_exit_2(capsys, tmp_path):
         (["--set", "out=x"], "--set out: the benchmark sets it for each run (use --out)"),
         (["--set", "resume=true"], "--set resume: the benchmark sets it for each run"),
         (["--model", str(tmp_path / "none")], f"--model {str(tmp_path / 'none')!r}: folder"),
+        (["--model", "tiny", "--set", "model=m"], "give --model (no warm start) or --set model"),
     ]
     for flags, message in cases:
         assert main(["bench", "--out", out, *flags]) == 2, flags
         assert one_line_error(capsys).startswith(f"mcgpo bench: error: {message}"), flags
+    assert not (tmp_path / "b").exists()  # each is caught before anything is made
 
 
 def test_set_model_goes_to_the_warm_start_only_and_train_keys_to_the_runs_only():

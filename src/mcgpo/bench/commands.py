@@ -199,9 +199,11 @@ def _run(command: str, args: argparse.Namespace, variants: Sequence[Variant]) ->
     try:
         seeds = _seeds(args.seeds)
         extra, warm_extra = _set_flags(args.set)
-        out = _writable_folder(Path(args.out or f"runs/{command}-{Path(args.preset).stem}"))
+        if args.model is not None and "--model" in warm_extra:
+            raise _BadInput("give --model (no warm start) or --set model (warm-start it), not both")
         if args.model is not None and args.model != "tiny" and not Path(args.model).is_dir():
             raise _BadInput(f"--model {args.model!r}: folder not found")
+        out = _writable_folder(Path(args.out or f"runs/{command}-{Path(args.preset).stem}"))
     except _BadInput as err:
         print(f"mcgpo {command}: error: {err}", file=sys.stderr)
         return 2

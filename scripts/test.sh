@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # The test command: set up .venv (with the alfworld and textworld-express extras, whose
-# tests run too; MCGPO_EXTRAS="" skips them), lint, run the whole test suite.
+# tests run too; MCGPO_EXTRAS="" skips them), lint, check the import layers (the
+# import-linter contracts in pyproject.toml: layers run one way, no cycles), run the whole
+# test suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MCGPO_EXTRAS=${MCGPO_EXTRAS-alfworld,twx} bash scripts/setup.sh
 . .venv/bin/activate
 ruff check src tests benchmarks
 ruff format --check src tests benchmarks
+lint-imports --no-cache --no-logo
 python -m pytest -q -n 2 "$@"

@@ -1,10 +1,16 @@
-"""The ``mcgpo`` command: ``mcgpo sft | train | eval | presets``.
+"""The ``mcgpo`` command and its nine subcommands.
 
-Every field of :class:`~mcgpo.training.config.RunConfig` is a flag: top-level fields as
-``--model``, ``--out``, ``--save-rollouts``; section fields dotted (``--train.lr 1e-4``).
-Estimator options are ``--algo.<option>`` and MCGPO preference options
-``--algo.pairs.<option>``, checked against the chosen algorithm. Values resolve as dataclass
-defaults < ``--preset`` < flags.
+* ``sft``, ``train``, ``eval``: the run commands. Every field of
+  :class:`~mcgpo.training.config.RunConfig` that the command takes
+  (:data:`~mcgpo.training.run_commands.COMMANDS`) is a flag: top-level fields as ``--model``,
+  ``--out``, ``--save-rollouts``; section fields dotted (``--train.lr 1e-4``). Estimator
+  options are ``--algo.<option>`` and MCGPO preference options ``--algo.pairs.<option>``,
+  checked against the chosen algorithm; environment options are ``--env.<option>``. Values
+  resolve as dataclass defaults < ``--preset`` < flags.
+* ``report``: the held-out success of run folders side by side.
+* ``presets``: the shipped presets, each with the command on its first line.
+* ``bench``, ``ablate``, ``sweep`` (:mod:`mcgpo.bench.commands`) and ``alfworld-generate``
+  (the alfworld extra) parse their own options.
 
 A bad command line (unknown option, bad value, unknown algorithm, missing model folder, no
 checkpoint to resume) prints one line on stderr and exits with code 2, never a traceback.
@@ -25,37 +31,9 @@ from mcgpo.training.config import (
     from_dict,
     scalar_fields,
 )
+from mcgpo.training.run_commands import COMMANDS
 
-__all__ = ["main"]
-
-# Which top-level fields and sections each command takes.
-COMMANDS: dict[str, tuple[tuple[str, ...], tuple[str, ...], str]] = {
-    "sft": (
-        (
-            "model",
-            "corpus_episodes",
-            "out",
-            "preset",
-            "device",
-            "seed",
-            "threads",
-            "deterministic",
-            "progress",
-        ),
-        ("env", "rollout", "sft", "eval"),
-        "warm start: fine-tune the policy on the environment's expert demonstrations",
-    ),
-    "train": (
-        tuple(f.name for f in scalar_fields(RunConfig)),
-        ("env", "rollout", "algo", "train", "eval"),
-        "reinforcement learning: collect, advantages, update, log, evaluate, checkpoint",
-    ),
-    "eval": (
-        ("model", "corpus_episodes", "out", "preset", "device", "seed", "threads", "progress"),
-        ("env", "rollout", "eval"),
-        "evaluate a policy on held-out tasks (success per task type, score)",
-    ),
-}
+__all__ = ["COMMANDS", "build_parser", "main", "resolve"]
 
 SECTION_TITLES = {
     "env": "environment",
@@ -188,7 +166,7 @@ def resolve(command: str, argv: Sequence[str]) -> RunConfig:
     for dest, value in given.items():
         section, _, name = dest.rpartition(".")
         (overrides.setdefault(section, {}) if section else overrides)[name] = value
-    for section, values in _extra_options(command, COMMANDS[command][1], rest).items():
+    for section, values in _extra_options(command, COMMANDS[command].sections, rest).items():
         overrides.setdefault(section, {}).update(values)
     cfg = RunConfig()
     preset = given.get("preset", "")

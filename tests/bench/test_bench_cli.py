@@ -103,3 +103,65 @@ def test_only_selects_labels_and_rejects_unknown_ones(capsys, monkeypatch):
     assert exc.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "unknown sweep point 'mcgpo/lambda_pair=7'" in err[0]
+
+
+def one_line_error(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert "Traceback" not in err[0]
+    return err[0]
+
+
+@pytest.mark.parametrize("command", ["bench", "ablate", "sweep"])
+def test_an_out_folder_that_cannot_be_made_is_one_line_and_exit_2(capsys, tmp_path, command):
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("x")
+    under = a_file / "bench"  # a folder below a regular file cannot be created
+    assert main([command, "--out", str(under)]) == 2
+    assert one_line_error(capsys) == (
+        f"mcgpo {command}: error: --out {str(under)!r}: cannot create or write the folder "
+        "(Not a directory)"
+    )
+    assert main([command, "--out", str(a_file)]) == 2
+    assert one_line_error(capsys) == (
+        f"mcgpo {command}: error: --out {str(a_file)!r} is a file, not a folder"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]  # nothing was started
+
+
+def test_a_read_only_out_folder_is_one_line_and_exit_2(capsys, tmp_path, monkeypatch):
+    import tempfile
+
+    def refuse(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    # (the tests may run as root, for whom a chmod-ed folder stays writable)
+    monkeypatch.setattr(tempfile, "TemporaryFile", refuse)
+    assert main(["bench", "--out", str(tmp_path / "b")]) == 2
+    assert one_line_error(capsys).endswith("cannot create or write the folder (Permission denied)")
+
+
+def test_bad_seeds_set_and_model_are_one_line_and_exit_2(capsys, tmp_path):
+    out = str(tmp_path / "b")
+    cases = [
+        (["--seeds", "0,x"], "--seeds must be integers, got '0,x'"),
+        (["--set", "train.lr"], "--set expects KEY=VALUE, got 'train.lr'"),
+        (["--set", "seed=3"], "--set seed: the benchmark sets it for each run (use --seeds)"),
+        (["--set", "out=x"], "--set out: the benchmark sets it for each run (use --out)"),
+        (["--set", "resume=true"], "--set resume: the benchmark sets it for each run"),
+        (["--model", str(tmp_path / "none")], f"--model {str(tmp_path / 'none')!r}: folder"),
+        (["--model", "tiny", "--set", "model=m"], "give --model (no warm start) or --set model"),
+    ]
+    for flags, message in cases:
+        assert main(["bench", "--out", out, *flags]) == 2, flags
+        assert one_line_error(capsys).startswith(f"mcgpo bench: error: {message}"), flags
+    assert not (tmp_path / "b").exists()  # each is caught before anything is made
+
+
+def test_set_model_goes_to_the_warm_start_only_and_train_keys_to_the_runs_only():
+    from mcgpo.bench.commands import _set_flags, _warm_start_takes
+
+    assert _warm_start_takes("model") and not _warm_start_takes("seed")
+    runs, warm = _set_flags(["model=ckpt/sft", "env.max_turns=2", "train.lr=0.1"])
+    assert runs == ["--env.max_turns", "2", "--train.lr", "0.1"]
+    assert warm == ["--model", "ckpt/sft", "--env.max_turns", "2"]

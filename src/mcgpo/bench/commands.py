@@ -19,12 +19,19 @@ import datetime as dt
 import os
 import platform
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
 from mcgpo.bench.plots import plot_learning_curves, plot_task_type_bars
-from mcgpo.bench.results import render_results_md, summarise, write_atomic, write_points_jsonl
+from mcgpo.bench.results import (
+    RunResult,
+    render_results_md,
+    summarise,
+    write_atomic,
+    write_points_jsonl,
+)
 from mcgpo.bench.runner import (
     Variant,
     cli_command,
@@ -33,8 +40,9 @@ from mcgpo.bench.runner import (
     plan_runs,
     run_plans,
 )
+from mcgpo.training.run_commands import COMMANDS
 
-__all__ = ["ABLATIONS", "SWEEP", "ablate_main", "bench_main", "sweep_main"]
+__all__ = ["ABLATIONS", "BENCH_SETS", "SWEEP", "ablate_main", "bench_main", "sweep_main"]
 
 ABLATIONS: tuple[Variant, ...] = (
     Variant("graphgpo", ("--algo.name", "graphgpo")),
@@ -86,8 +94,10 @@ def _parser(prog: str, description: str) -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="extra flag for every training run, e.g. --set train.updates=10 (the warm start "
-        "also gets the env, rollout, sft and eval ones)",
+        help="extra flag for every training run, e.g. --set train.updates=10; the warm start "
+        "also gets the env, rollout, sft and eval ones, and model=FOLDER goes to the warm start "
+        "only (the policy it fine-tunes); out, seed, threads, progress and resume are the "
+        "benchmark's own",
     )
     return p
 
@@ -99,7 +109,7 @@ def bench_main(argv: Sequence[str] | None = None) -> int:
         default="grpo,gigpo,graphgpo,mcgpo",
         help="comma-separated methods (default: %(default)s)",
     )
-    args = p.parse_args(argv)
+    args = _parse(p, argv)
     from mcgpo.training.algorithms import ALGORITHMS
 
     algos = _split(args.algos, "--algos")
@@ -113,7 +123,7 @@ def bench_main(argv: Sequence[str] | None = None) -> int:
 def ablate_main(argv: Sequence[str] | None = None) -> int:
     p = _parser("mcgpo ablate", "MCGPO's factorial controls, in the bench table's format.")
     p.add_argument("--only", default="", help="comma-separated labels to run (default: all)")
-    args = p.parse_args(argv)
+    args = _parse(p, argv)
     return _run("ablate", args, _only(p, args.only, list(ABLATIONS), "ablation"))
 
 
@@ -139,7 +149,7 @@ def sweep_main(argv: Sequence[str] | None = None) -> int:
         default="",
         help="comma-separated labels to run, e.g. mcgpo,mcgpo/lambda_pair=0.3 (default: all)",
     )
-    args = p.parse_args(argv)
+    args = _parse(p, argv)
     variants = [Variant("mcgpo", ("--algo.name", "mcgpo"))]
     for key in _split(args.params, "--params"):
         if key not in SWEEP:
@@ -154,6 +164,14 @@ def sweep_main(argv: Sequence[str] | None = None) -> int:
     return _run("sweep", args, _only(p, args.only, variants, "sweep point"))
 
 
+def _parse(p: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """``p``'s options, with the command line itself as ``argv`` (for the results header)."""
+    given = list(sys.argv[2:] if argv is None else argv)
+    args = p.parse_args(given)
+    args.argv = given
+    return args
+
+
 def _split(text: str, flag: str) -> list[str]:
     items = [x.strip() for x in text.split(",") if x.strip()]
     if not items:
@@ -162,40 +180,41 @@ def _split(text: str, flag: str) -> list[str]:
     return items
 
 
+class _BadInput(Exception):
+    """A bad benchmark option; reported as one line with exit code 2."""
+
+
+# Run options the benchmark sets on each run itself; `--set` of one is an error that names
+# the benchmark's own option for it.
+BENCH_SETS: dict[str, str] = {
+    "out": "use --out",
+    "seed": "use --seeds",
+    "threads": "they follow --parallel",
+    "progress": "runs log to bench.log",
+    "resume": "a half-finished run is resumed by itself",
+}
+
+
 def _run(command: str, args: argparse.Namespace, variants: Sequence[Variant]) -> int:
     try:
-        seeds = [int(s) for s in _split(args.seeds, "--seeds")]
-    except ValueError:
-        print(f"mcgpo {command}: --seeds must be integers, got {args.seeds!r}", file=sys.stderr)
+        seeds = _seeds(args.seeds)
+        extra, warm_extra = _set_flags(args.set)
+        if args.model is not None and "--model" in warm_extra:
+            raise _BadInput("give --model (no warm start) or --set model (warm-start it), not both")
+        if args.model is not None and args.model != "tiny" and not Path(args.model).is_dir():
+            raise _BadInput(f"--model {args.model!r}: folder not found")
+        out = _writable_folder(Path(args.out or f"runs/{command}-{Path(args.preset).stem}"))
+    except _BadInput as err:
+        print(f"mcgpo {command}: error: {err}", file=sys.stderr)
         return 2
-    out = Path(args.out or f"runs/{command}-{Path(args.preset).stem}")
-    extra, warm_extra = [], []
-    for item in args.set:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            print(f"mcgpo {command}: --set expects KEY=VALUE, got {item!r}", file=sys.stderr)
-            return 2
-        extra += [f"--{key}", value]
-        if _warm_start_takes(key):  # e.g. env.name: the warm start must see the same env
-            warm_extra += [f"--{key}", value]
     common = ["--preset", args.preset]
     parallel = max(1, args.parallel)
     threads = max(1, (os.cpu_count() or 1) // parallel)
-
     model = args.model
     if model is None:
-        warm = out / "warmstart"
-        model = str(warm / "model")
-        if not Path(model).exists():
-            print(f"[{command}] warm start -> {warm}", file=sys.stderr)
-            # the warm start is one process alone: it gets every core
-            plans = [_warm_plan(warm, [*common, *warm_extra], max(1, os.cpu_count() or 1))]
-            codes = run_plans(plans, parallel=1)
-            if codes[warm] != 0:
-                print(
-                    f"mcgpo {command}: warm start failed, see {warm / 'bench.log'}", file=sys.stderr
-                )
-                return 1
+        model = _warm_start(command, out / "warmstart", [*common, *warm_extra])
+        if model is None:
+            return 1
     plans = plan_runs(
         variants, seeds, out, common=[*common, *extra, "--model", model], threads=threads
     )
@@ -207,15 +226,80 @@ def _run(command: str, args: argparse.Namespace, variants: Sequence[Variant]) ->
         print(f"mcgpo {command}: no run finished; see the bench.log files", file=sys.stderr)
         return 1
     runs = [load_run_result(p.variant.label, p.seed, p.folder) for p in finished]
-    summaries = summarise(runs)
     header = [
-        f"Command: `mcgpo {command} {' '.join(sys.argv[2:])}`".rstrip(),
+        f"Command: `mcgpo {command} {' '.join(args.argv)}`".rstrip(),
         f"Preset: `{args.preset}`; seeds: {', '.join(map(str, seeds))}; "
         f"machine: {platform.machine()} {os.cpu_count()} cores, {platform.system()}; "
         f"date: {dt.date.today().isoformat()}.",
     ]
     if failed:
         header.append(f"Runs that failed and are left out: {', '.join(failed)}.")
+    _write_results(command, out, runs, header)
+    return 0 if not failed else 1
+
+
+def _seeds(text: str) -> list[int]:
+    try:
+        return [int(s) for s in _split(text, "--seeds")]
+    except ValueError:
+        raise _BadInput(f"--seeds must be integers, got {text!r}") from None
+
+
+def _set_flags(items: Sequence[str]) -> tuple[list[str], list[str]]:
+    """The ``--set KEY=VALUE`` items as flags for the training runs and for the warm start.
+
+    ``model`` goes to the warm start only (the policy it fine-tunes; the runs start from the
+    warm-started one); keys the warm start (``mcgpo sft``) does not take go to the runs only.
+    """
+    runs, warm = [], []
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise _BadInput(f"--set expects KEY=VALUE, got {item!r}")
+        name = key.replace("-", "_")
+        if name in BENCH_SETS:
+            raise _BadInput(f"--set {key}: the benchmark sets it for each run ({BENCH_SETS[name]})")
+        if name != "model":
+            runs += [f"--{key}", value]
+        if _warm_start_takes(key):  # e.g. env.name: the warm start must see the same env
+            warm += [f"--{key}", value]
+    return runs, warm
+
+
+def _writable_folder(folder: Path) -> Path:
+    """``folder``, created if missing; a one-line error if it cannot be created or written."""
+    if folder.exists() and not folder.is_dir():
+        raise _BadInput(f"--out {str(folder)!r} is a file, not a folder")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as err:
+        reason = err.strerror or type(err).__name__
+        raise _BadInput(
+            f"--out {str(folder)!r}: cannot create or write the folder ({reason})"
+        ) from None
+    return folder
+
+
+def _warm_start(command: str, warm: Path, flags: Sequence[str]) -> str | None:
+    """The warm-started model folder (made by ``mcgpo sft`` unless it exists); None if the
+    warm start failed (reported on stderr)."""
+    model = warm / "model"
+    if model.exists():
+        return str(model)
+    print(f"[{command}] warm start -> {warm}", file=sys.stderr)
+    # the warm start is one process alone: it gets every core
+    codes = run_plans([_warm_plan(warm, flags, max(1, os.cpu_count() or 1))], parallel=1)
+    if codes[warm] != 0:
+        print(f"mcgpo {command}: warm start failed, see {warm / 'bench.log'}", file=sys.stderr)
+        return None
+    return str(model)
+
+
+def _write_results(command: str, out: Path, runs: Sequence[RunResult], header: list[str]) -> None:
+    """results.md (printed too), evals.jsonl, curves.png and, with task types, task_types.png."""
+    summaries = summarise(runs)
     write_atomic(
         out / "results.md",
         render_results_md(summaries, title=f"mcgpo {command}", header_lines=header),
@@ -225,19 +309,18 @@ def _run(command: str, args: argparse.Namespace, variants: Sequence[Variant]) ->
     if any(s.per_type for s in summaries):
         plot_task_type_bars(summaries, out / "task_types.png")
     print((out / "results.md").read_text(encoding="utf-8"))
-    return 0 if not failed else 1
 
 
 def _warm_start_takes(key: str) -> bool:
     """Whether ``mcgpo sft`` accepts the ``--set`` key (env.*, rollout.*, sft.*, eval.*, and
-    the run options it has, e.g. corpus-episodes); train-only keys stay with the runs."""
-    from mcgpo.cli import COMMANDS
-
-    tops, sections, _ = COMMANDS["sft"]
+    the run options it has, e.g. corpus-episodes and model); train-only keys and those the
+    benchmark sets itself (:data:`BENCH_SETS`) stay out of it."""
+    sft = COMMANDS["sft"]
     section, dot, _ = key.partition(".")
     if dot:
-        return section in sections
-    return key.replace("-", "_") in tops and key not in ("out", "threads", "progress")
+        return section in sft.sections
+    name = key.replace("-", "_")
+    return name in sft.tops and name not in BENCH_SETS
 
 
 def _warm_plan(warm: Path, common: Sequence[str], threads: int):

@@ -1,4 +1,4 @@
-"""Presets: small TOML files that set a scale or a paper's recipe, and the TOML writer.
+"""Presets: small TOML files that set a scale or a paper's recipe; writing a config as TOML.
 
 The presets ship inside the package (``mcgpo/presets/<name>.toml``) so that
 ``mcgpo train --preset household-quick`` works from any folder after ``pip install``;
@@ -10,10 +10,11 @@ reproduces that run. The first comment line of each preset is the command that r
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
 from typing import Any
+
+import tomli_w
 
 from mcgpo.training.config import ConfigError, RunConfig, flatten
 
@@ -66,52 +67,37 @@ def preset_command(name: str) -> str:
 
 
 def to_toml(cfg: RunConfig, command: str = "") -> str:
-    """The resolved config as TOML, loadable with ``--preset <file>``.
+    """The resolved config as TOML (written by ``tomli-w``), loadable with ``--preset <file>``.
 
-    ``command`` becomes the first comment line (the command that produced the run).
+    ``command`` becomes the first comment line (the command that produced the run; control
+    characters in it are written escaped, ``\\n``, so that the comment stays one valid
+    line). TOML has no null: options left at a default of ``None`` are named in a second
+    comment line.
     """
-    flat = flatten(cfg)
-    lines = [f"# {command}" if command else "# resolved mcgpo config"]
-    tables: dict[str, dict[str, Any]] = {"": {}}
-    for key, value in flat.items():
-        table, _, name = key.rpartition(".")
-        tables.setdefault(table, {})[name] = value
-    for table in sorted(tables, key=lambda t: (t != "", t)):
-        if table:
-            lines += ["", f"[{table}]"]
-        for name, value in tables[table].items():
-            if value is None:  # TOML has no null: an option left at its default of None
-                lines.append(f"# {name} = (none, the default)")
-            else:
-                lines.append(f"{name} = {_toml_value(value, f'{table}.{name}')}")
-    return "\n".join(lines) + "\n"
+    tables: dict[str, Any] = {}
+    unset = []
+    for key, value in flatten(cfg).items():
+        if value is None:
+            unset.append(key)
+            continue
+        *path, name = key.split(".")
+        table = tables
+        for part in path:
+            table = table.setdefault(part, {})
+        table[name] = value
+    lines = [f"# {_comment_text(command)}" if command else "# resolved mcgpo config"]
+    if unset:
+        lines.append(f"# left at their default of none: {', '.join(unset)}")
+    try:
+        body = tomli_w.dumps(tables)
+    except TypeError as err:  # a value TOML cannot hold (e.g. an object in an option)
+        raise ConfigError(f"config cannot be written to TOML: {err}") from None
+    return "\n".join(lines) + "\n" + body
 
 
-def _toml_value(value: Any, key: str) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        text = repr(value)
-        if text in ("inf", "-inf", "nan"):
-            raise ConfigError(f"{key}: {text} cannot be written to TOML")
-        return text
-    if isinstance(value, str):
-        return _toml_string(value)
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_toml_value(v, key) for v in value) + "]"
-    if value is None or isinstance(value, Mapping):
-        raise ConfigError(f"{key}: {value!r} cannot be written to TOML")
-    raise ConfigError(f"{key}: {type(value).__name__} cannot be written to TOML")
-
-
-def _toml_string(text: str) -> str:
-    """A TOML basic string: quote, backslash and control characters escaped."""
-    out = []
-    for ch in text:
-        if ch in '"\\':
-            out.append("\\" + ch)
-        elif (ord(ch) < 0x20 and ch != "\t") or ord(ch) == 0x7F:
-            out.append(f"\\u{ord(ch):04x}")
-        else:
-            out.append(ch)
-    return '"' + "".join(out) + '"'
+def _comment_text(text: str) -> str:
+    """``text`` with the characters a TOML comment may not hold (line breaks, other control
+    characters but tab) written as Python escapes."""
+    return "".join(
+        ch if ch == "\t" or (ord(ch) >= 0x20 and ord(ch) != 0x7F) else repr(ch)[1:-1] for ch in text
+    )

@@ -217,6 +217,10 @@ class Options:
         """How this owner's errors name the option ``name``."""
         return self.LABEL.format(owner=self.OWNER, name=name)
 
+    def fail(self, name: str, want: str) -> NoReturn:
+        """Raise the one-line error "<label> must be <want>, got <value>" for ``name``."""
+        _fail(self.label(name), getattr(self, name), want)
+
     def number(self, name: str, **bounds: Any) -> None:
         """:func:`check_number` on the field ``name``."""
         check_number(self.label(name), getattr(self, name), **bounds)

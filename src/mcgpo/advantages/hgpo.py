@@ -61,10 +61,12 @@ class HgpoOptions(Options):
     OWNER = "hgpo"
     LABEL = "{owner}: {name}"
 
-    history: int = option(2, "K: deepest k-context level (the prompt's two turns of history)")
+    history: int = option(2, "K: deepest k-context level, the recipe's ALFWorld setting")
     alpha: float = option(1.0, "w_k ~ (k+1)^alpha: deeper, more specific contexts weigh more")
     weights: str = option("paper", "w_k as the paper writes it; code = (k+2)^alpha")
-    mode: str = option("mean_std_norm", "(R - mean) / (popstd + eps), as the reference code")
+    mode: str = option(
+        "mean_std_norm", "(R - mean) / (popstd + eps): the recipe's ALFWorld scripts"
+    )
     gamma: float = gamma_option()
     invalid_penalty: float = penalty_option()
     base_group: bool = option(False, "no trajectory-level item, as in the paper")

@@ -68,7 +68,9 @@ class ProgressGpoOptions(Options):
     base_options: Mapping[str, Any] | None = option(None, "the base's options; None: its defaults")
     lam: float = option(1.0, "coverage z-score at a GRPO advantage's unit scale")
     scale_by_fail_share: bool = option(False, "a fixed lam; True: lam x share of all-fail groups")
-    combine: str = option("replace", "all-fail groups take the coverage term in place of the base's")
+    combine: str = option(
+        "replace", "all-fail groups take the coverage term in place of the base's"
+    )
     eps: float = eps_option()
 
     def __post_init__(self) -> None:

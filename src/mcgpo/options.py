@@ -117,11 +117,11 @@ def _fail(label: str, value: object, want: str) -> NoReturn:
 
 def _bounds(low: float | None, high: float | None, low_open: bool, high_open: bool) -> str:
     if low is not None and high is not None:
-        return f" in {'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
+        return f" in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
     if low is not None:
-        return f" {'>' if low_open else '>='} {low}"
+        return f" {'>' if low_open else '>='} {low:g}"
     if high is not None:
-        return f" {'<' if high_open else '<='} {high}"
+        return f" {'<' if high_open else '<='} {high:g}"
     return ""
 
 

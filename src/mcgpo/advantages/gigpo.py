@@ -72,7 +72,7 @@ class GigpoOptions(Options):
 
     mode: str = option("mean_norm", "F_norm = 1 (the paper's main rows); mean_std_norm = w/ std")
     gamma: float = gamma_option()
-    step_advantage_w: float = option(1.0, "weight of A^S in Eq. 8 (the paper's omega)")
+    step_advantage_w: float = option(1.0, "weight of A^S in Eq. 8; the reference code's name and value")
     episode_advantage_w: float = option(1.0, "weight of A^E in Eq. 8; 0 leaves the step term")
     cross_steps: bool = cross_steps_option()
     invalid_penalty: float = penalty_option()

@@ -38,6 +38,7 @@ __all__ = [
     "combine_codes",
     "group_stats",
     "normalise",
+    "representative_rows",
     "trajectory_view",
     "value_codes",
 ]
@@ -110,9 +111,14 @@ def trajectory_view(table: StepTable) -> TrajectoryView:
     for fields that are constant along a trajectory (its return, ``success``, ``group``).
     """
     traj = value_codes(table.traj)
-    head = np.zeros(int(traj.max(initial=-1)) + 1, dtype=np.int64)
-    head[traj] = np.arange(len(traj))
-    return TrajectoryView(traj, head)
+    return TrajectoryView(traj, representative_rows(traj))
+
+
+def representative_rows(code: np.ndarray) -> np.ndarray:
+    """One row index per code 0..K-1 (the last row holding it): ``[R]`` -> ``[K]`` int64."""
+    head = np.zeros(int(code.max(initial=-1)) + 1, dtype=np.int64)
+    head[code] = np.arange(len(code))
+    return head
 
 
 # ---------------------------------------------------------------------- statistics

@@ -16,6 +16,7 @@ from mcgpo.grouping import (
     combine_codes,
     group_stats,
     normalise,
+    representative_rows,
     trajectory_view,
     value_codes,
 )
@@ -87,6 +88,7 @@ def test_trajectory_view():
     # codes are the ranks of the trajectory ids: 7 -> 0, 12 -> 1, 40 -> 2
     assert table.traj[view.head].tolist() == [7, 12, 40]
     assert view.traj.tolist() == [{7: 0, 12: 1, 40: 2}[t] for t in table.traj]
+    assert representative_rows(np.array([1, 0, 1, 2])).tolist() == [1, 2, 3]  # last row of each
     empty = trajectory_view(StepTable.from_records([]))
     assert empty.count == 0 and empty.traj.shape == (0,)
 

@@ -46,7 +46,7 @@ from mcgpo.advantages.groups import (
     gamma_option,
     penalty_option,
 )
-from mcgpo.grouping import normalise
+from mcgpo.grouping import normalise, representative_rows
 from mcgpo.options import Options, option
 from mcgpo.steps import StepTable
 
@@ -72,7 +72,9 @@ class GigpoOptions(Options):
 
     mode: str = option("mean_norm", "F_norm = 1 (the paper's main rows); mean_std_norm = w/ std")
     gamma: float = gamma_option()
-    step_advantage_w: float = option(1.0, "weight of A^S in Eq. 8; the reference code's name and value")
+    step_advantage_w: float = option(
+        1.0, "weight of A^S in Eq. 8; the reference code's name and value"
+    )
     episode_advantage_w: float = option(1.0, "weight of A^E in Eq. 8; 0 leaves the step term")
     cross_steps: bool = cross_steps_option()
     invalid_penalty: float = penalty_option()
@@ -150,8 +152,7 @@ def anchor_groups(table: StepTable, similarity: float | None = None) -> np.ndarr
     if similarity is None:
         return codes(g, table.anchor)
     pair = codes(g, table.anchor)  # one code per distinct (group, anchor)
-    head = np.zeros(int(pair.max(initial=-1)) + 1, dtype=np.int64)
-    head[pair] = np.arange(len(pair))
+    head = representative_rows(pair)
     anchors = table.anchor[head]
     order = np.lexsort((anchors.astype(str), g[head]))  # by group, then anchor string
     pair_group = g[head][order]

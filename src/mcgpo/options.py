@@ -51,11 +51,14 @@ def option_help(cls: type[Options]) -> dict[str, tuple[Any, str]]:
 # ---------------------------------------------------------------------- the checks
 def is_number(value: object) -> bool:
     """A real, finite number (Python or numpy), not a bool."""
-    return (
-        isinstance(value, (int, float, np.integer, np.floating))
-        and not isinstance(value, (bool, np.bool_))
-        and math.isfinite(value)  # type: ignore[arg-type]
-    )
+    if not isinstance(value, (int, float, np.integer, np.floating)) or isinstance(
+        value, (bool, np.bool_)
+    ):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int too large for a float
+        return False
 
 
 def is_int(value: object) -> bool:
@@ -107,7 +110,11 @@ def check_choice(
     label: str, value: object, choices: Collection[object], *, want: str | None = None
 ) -> None:
     """Raise unless ``value`` is one of ``choices`` ("one of 'a', 'b'" unless ``want``)."""
-    if value not in choices:
+    try:
+        known = value in choices
+    except TypeError:  # an unhashable value against a set or dict of choices
+        known = False
+    if not known:
         _fail(label, value, want or "one of " + ", ".join(map(repr, choices)))
 
 

@@ -129,6 +129,9 @@ def test_check_helpers_wording():
         with pytest.raises(ValueError) as err:
             call()
         assert str(err.value) == message
+    for call in (lambda: check_number("x", 10**400), lambda: check_choice("x", [1], {"a": 1})):
+        with pytest.raises(ValueError, match=r"^x must be"):
+            call()  # an int too large for a float; an unhashable value: errors, not crashes
     check_number("x", np.float32(0.5), low=0, high=1)  # numpy scalars are numbers
     check_int("x", np.int64(3), low=0)
     check_int("x", None, none_ok=True)

@@ -496,8 +496,7 @@ def test_defaults_are_the_swept_values():
     # (1, 0.5, 0.1) by more than the bench's seed SD of integrated success; epsilon stayed.
     opts = PreferenceOptions()
     assert (opts.epsilon, opts.kappa, opts.q_exact, opts.q_coarse) == (0.25, 0.0, 1.0, 1.0)
-    from mcgpo.objectives import LAMBDA_PAIR
-    from mcgpo.training.config import AlgoConfig
+    from mcgpo.training.config import LAMBDA_PAIR, AlgoConfig
 
     assert LAMBDA_PAIR == AlgoConfig().lambda_pair == 1.0
     # The exact-match group of test_exact_match under the defaults:

@@ -9,8 +9,10 @@ from hypothesis import strategies as st
 
 import mcgpo
 from mcgpo.bench.synthetic import synthetic_table
-from mcgpo.shaping import SHAPING_COEF, graphgpo_with_shaping, shape_rewards
+from mcgpo.shaping import SHAPING_COEF, shape_rewards
 from mcgpo.steps import StepTable
+from mcgpo.training.algorithms import assign_credit
+from mcgpo.training.config import AlgoConfig
 
 
 def two_trajectories() -> StepTable:
@@ -72,19 +74,19 @@ def test_bonus_telescopes_over_a_trajectory(seed, coef):
         assert bonus[rows].sum() == pytest.approx(expected, abs=1e-9)
 
 
-def test_graphgpo_with_shaping_is_graphgpo_on_the_shaped_table():
+def test_graphgpo_shaping_algorithm_is_graphgpo_on_the_shaped_table():
+    # the control as the trainer runs it (graphgpo_with_shaping, never called, is gone)
     t = synthetic_table(3, 8, 15, seed=1)
-    adv, stats = graphgpo_with_shaping(t, shaping_coef=1.5, omega=0.2)
+    algo = AlgoConfig(name="graphgpo_shaping", shaping_coef=1.5, estimator={"omega": 0.2})
+    adv = assign_credit(t, algo).advantages
     ref, _ = mcgpo.estimate("graphgpo", shape_rewards(t, 1.5), omega=0.2)
     assert np.array_equal(adv, ref)
-    assert stats["shaping_bonus_mean"] == pytest.approx(
-        float((shape_rewards(t, 1.5).reward - t.reward).mean())
-    )
     # the bonus reaches the advantages (through the episode return)
     plain, _ = mcgpo.estimate("graphgpo", t, omega=0.2)
     assert not np.allclose(adv, plain)
     # and coef 0 is plain GraphGPO
-    assert np.array_equal(graphgpo_with_shaping(t, shaping_coef=0.0, omega=0.2)[0], plain)
+    zero = AlgoConfig(name="graphgpo_shaping", shaping_coef=0.0, estimator={"omega": 0.2})
+    assert np.array_equal(assign_credit(t, zero).advantages, plain)
 
 
 def test_default_coefficient():

@@ -8,7 +8,7 @@ Public API (kept stable)::
     env = mcgpo.make_env("household")
 """
 
-from mcgpo.advantages import ESTIMATORS, estimate
+from mcgpo.advantages import ESTIMATOR_OPTIONS, ESTIMATORS, estimate
 from mcgpo.envs import ENVIRONMENTS, make_env
 from mcgpo.preferences import build_preferences
 from mcgpo.steps import StepTable, StepTableError
@@ -18,6 +18,7 @@ __version__ = "0.1.0"
 __all__ = [
     "ENVIRONMENTS",
     "ESTIMATORS",
+    "ESTIMATOR_OPTIONS",
     "StepTable",
     "StepTableError",
     "__version__",

@@ -77,17 +77,27 @@ def _add_field(group: Any, dest: str, f: Any, default: Any) -> None:
 
 
 def _algo_epilog() -> str:
-    """Every algorithm with its estimator options and their defaults."""
+    """Every algorithm with its options and their defaults, then each default's reason."""
+    from mcgpo.options import option_help
     from mcgpo.training.algorithms import ALGORITHMS, algorithm_options
 
     lines = ["algorithms and their options (--algo.<option> VALUE):"]
+    reasons: dict[str, dict[str, tuple[object, str]]] = {}
     for name in sorted(ALGORITHMS):
         options, pairs = algorithm_options(name)
-        body = ", ".join(f"{k}={v}" for k, v in options.items()) or "(no options)"
+        helps = option_help(options)
+        body = ", ".join(f"{k}={v}" for k, (v, _) in helps.items()) or "(no options)"
         lines.append(f"  {name}: {body}")
-        if pairs:
-            body = ", ".join(f"{k}={v}" for k, v in pairs.items())
+        reasons.setdefault(options.OWNER, helps)
+        if pairs is not None:
+            pair_helps = option_help(pairs)
+            body = ", ".join(f"{k}={v}" for k, (v, _) in pair_helps.items())
             lines.append(f"    pair options (--algo.pairs.<option> VALUE): {body}")
+            reasons.setdefault("mcgpo pairs", pair_helps)
+    lines.append("why these defaults (docs/algorithms/<name>.md):")
+    for owner, helps in reasons.items():
+        lines.append(f"  {owner}:")
+        lines += [f"    {k}={v}: {why}" for k, (v, why) in helps.items()]
     return "\n".join(lines)
 
 

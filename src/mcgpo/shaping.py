@@ -11,7 +11,9 @@ This is potential-based shaping (Ng, Harada & Russell 1999) with gamma = 1: over
 trajectory the bonus telescopes to coef * (P_final - P_0), so the ranking of complete
 trajectories by return changes only through the progress they reached.
 
-Where it enters GraphGPO (``mcgpo.estimate("graphgpo", table)``): the episode term A^E uses
+Where it enters GraphGPO (the ``graphgpo_shaping`` algorithm of
+:mod:`mcgpo.training.algorithms` runs ``estimate("graphgpo", shape_rewards(table, coef))``):
+the episode term A^E uses
 the trajectory return, i.e. the sum of the shaped rewards; the graph term A^G is built from
 distances to the success sink (the ``success`` column) and does not read rewards. The
 success column itself is never changed, so the success sink and every success statistic
@@ -23,48 +25,20 @@ Departure from the seed: the paper's shaping coefficient is unknown; the default
 
 from __future__ import annotations
 
-import math
-from typing import Any
-
 import numpy as np
 
-from mcgpo.advantages import estimate
+from mcgpo.options import check_number
 from mcgpo.steps import StepTable
 
-__all__ = ["SHAPING_COEF", "graphgpo_with_shaping", "shape_rewards"]
+__all__ = ["SHAPING_COEF", "shape_rewards"]
 
-SHAPING_COEF = 1.0
+SHAPING_COEF = 1.0  # the largest total bonus (1.0) is a tenth of the success reward (10)
 
 
 def shape_rewards(table: StepTable, coef: float = SHAPING_COEF) -> StepTable:
     """A copy of ``table`` whose ``reward`` column carries the progress bonus (see above)."""
     if not isinstance(table, StepTable):
         raise TypeError(f"shape_rewards expects a StepTable, got {type(table).__name__}")
-    if (
-        not isinstance(coef, (int, float))
-        or isinstance(coef, bool)
-        or not math.isfinite(coef)
-        or coef < 0
-    ):
-        raise ValueError(f"shape_rewards: 'coef' must be a finite number >= 0, got {coef!r}")
+    check_number("shape_rewards: 'coef'", coef, low=0)
     bonus = coef * (table.next_progress_value - table.progress_value)
     return table.with_columns(reward=np.asarray(table.reward + bonus, dtype=np.float64))
-
-
-def graphgpo_with_shaping(
-    table: StepTable, *, shaping_coef: float = SHAPING_COEF, **graphgpo_options: Any
-) -> tuple[np.ndarray, dict[str, float]]:
-    """GraphGPO advantages on the shaped table: the paper's "GraphGPO + shaping" control.
-
-    ``graphgpo_options`` are passed to ``mcgpo.estimate("graphgpo", ...)``. The stats gain
-    ``shaping_bonus_mean`` (mean bonus per row) and ``shaping_bonus_total_mean`` (mean
-    bonus per trajectory).
-    """
-    shaped = shape_rewards(table, shaping_coef)
-    adv, stats = estimate("graphgpo", shaped, **graphgpo_options)
-    bonus = shaped.reward - table.reward
-    stats = dict(stats)
-    stats["shaping_bonus_mean"] = float(bonus.mean()) if len(bonus) else 0.0
-    n_traj = len(np.unique(table.traj))
-    stats["shaping_bonus_total_mean"] = float(bonus.sum() / n_traj) if n_traj else 0.0
-    return adv, stats

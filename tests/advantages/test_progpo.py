@@ -86,8 +86,8 @@ def test_golden_singleton_credited_by_potentials():
     adv, stats = progpo(singleton_case(), mode="mean_norm", **kw)
     np.testing.assert_allclose(adv, [7.5, 10, -7.5, -2.5, -10])
     assert stats["credited_row_share"] == pytest.approx(3 / 5)
-    # omega = 0.5 halves the step term only
-    adv, _ = progpo(singleton_case(), mode="mean_norm", omega=0.5, **kw)
+    # step_weight = 0.5 halves the step term only
+    adv, _ = progpo(singleton_case(), mode="mean_norm", step_weight=0.5, **kw)
     np.testing.assert_allclose(adv, [6.25, 7.5, -6.25, -3.75, -7.5])
     # mean_std_norm scales delta by its group std: delta = [0, 5, -2.5, 2.5, -5] has mean 0,
     # unbiased var 62.5 / 4 = 15.625; credit = delta / (3.952847 + eps)
@@ -181,7 +181,7 @@ def test_estimate_and_empty():
         ({"history": -1}, "option 'history' must be an integer in [0, 16], got -1"),
         ({"history": 1.5}, "option 'history' must be an integer in [0, 16], got 1.5"),
         ({"gamma": 0.0}, "option 'gamma' must be in (0, 1], got 0.0"),
-        ({"omega": -1}, "option 'omega' must be a finite number >= 0, got -1"),
+        ({"step_weight": -1}, "option 'step_weight' must be a finite number >= 0, got -1"),
         ({"var_floor": 0}, "option 'var_floor' must be a finite number > 0"),
         ({"mode": "z"}, "option 'mode' must be one of"),
         ({"parts": "peers", "credit_all": True}, "option 'credit_all' needs parts='both'"),
@@ -196,7 +196,7 @@ def test_bad_options(options, message):
 
 
 def loop_progpo(
-    table, *, parts, prefix, history, fusion, expansion, gamma, omega, mode, credit_all
+    table, *, parts, prefix, history, fusion, expansion, gamma, step_weight, mode, credit_all
 ):
     """Row-by-row ProGPO with tuples and dicts (penalty 0.1, var_floor 0.01, trajectory-once A^E)."""
     penalty, floor = 0.1, 0.01
@@ -296,7 +296,7 @@ def loop_progpo(
             m = sum(peers) / len(peers)
             s = math.sqrt(sum((p - m) ** 2 for p in peers) / (len(peers) - 1))
         a_e = (returns[r["traj"]] - m) / (s + EPS if mode == "mean_std_norm" else 1.0)
-        out.append(a_e - penalty * (not r["action_valid"]) + omega * step)
+        out.append(a_e - penalty * (not r["action_valid"]) + step_weight * step)
     return np.array(out)
 
 
@@ -308,7 +308,7 @@ OPTIONS = st.fixed_dictionaries(
         "fusion": st.sampled_from(["inverse_variance", "deepest"]),
         "expansion": st.sampled_from(["none", "coarse"]),
         "gamma": st.sampled_from([0.95, 0.5, 1.0]),
-        "omega": st.sampled_from([1.0, 0.5]),
+        "step_weight": st.sampled_from([1.0, 0.5]),
         "mode": st.sampled_from(["mean_norm", "mean_std_norm"]),
         "credit_all": st.booleans(),
     }

@@ -213,3 +213,57 @@ def test_shared_values_come_from_their_one_definition():
     with pytest.raises(ConfigError, match=", ".join(objectives.KL_KINDS)):
         TrainConfig(kl_kind="k9").check()
     assert AlgoConfig().shaping_coef == shaping.SHAPING_COEF
+
+
+def test_resolve_algo_fills_every_default_from_the_options_classes():
+    from mcgpo.training.algorithms import algorithm_options
+
+    for name in ALGORITHMS:
+        estimator_cls, pairs_cls = algorithm_options(name)
+        algo = resolve_algo(AlgoConfig(name=name), 8)
+        assert algo.estimator == estimator_cls().as_dict(), name
+        want_pairs = pairs_cls(group_size=8).as_dict() if pairs_cls else {}
+        assert algo.pairs == want_pairs, name
+
+
+@pytest.mark.parametrize(
+    ("algo", "message"),
+    [
+        (
+            AlgoConfig(name="gigpo", estimator={"mode": "std"}),
+            "gigpo: mode must be one of mean_norm, mean_std_norm, got 'std'",
+        ),
+        (
+            AlgoConfig(name="graphgpo", estimator={"omega": "1.5"}),
+            "graphgpo: option 'omega' must be in (0, 1), got 1.5",
+        ),
+        (
+            AlgoConfig(name="progress_gpo", estimator={"base_options": {"omega": 0.2}}),
+            "progress_gpo: unknown base option 'omega' for base 'grpo'; options: ",
+        ),
+        (
+            AlgoConfig(name="mcgpo", pairs={"epsilon": "lots"}),
+            "--algo.pairs.epsilon: expected a number, got 'lots'",
+        ),
+        (
+            AlgoConfig(name="mcgpo", pairs={"group_size": "4"}),
+            "--algo.pairs.group_size 4 differs from rollout.group_size 8",
+        ),
+        (AlgoConfig(name="mcgpo"), "build_preferences: 'group_size' must be an even integer >= 2"),
+    ],
+)
+def test_resolve_algo_bad_values_are_one_line_config_errors(algo, message):
+    group_size = 7 if not algo.pairs and algo.name == "mcgpo" else 8
+    with pytest.raises(ConfigError, match=re.escape(message)) as err:
+        resolve_algo(algo, group_size)
+    assert "\n" not in str(err.value)
+
+
+def test_resolve_algo_reads_strings_by_the_option_type():
+    mc = resolve_algo(
+        AlgoConfig(name="mcgpo", pairs={"max_per_fold": "none", "fold_split": "2"}), 8
+    )
+    assert mc.pairs["max_per_fold"] is None and mc.pairs["fold_split"] == 2
+    gi = resolve_algo(AlgoConfig(name="gigpo", estimator={"similarity": "true", "gamma": "1"}), 8)
+    assert gi.estimator["similarity"] is True and gi.estimator["gamma"] == 1.0
+    assert isinstance(gi.estimator["gamma"], float)

@@ -22,71 +22,110 @@ Where this departs from the paper / reference code, and why (docs/algorithms/gig
    measure is the normalised LCS (Indel) similarity 2*LCS/(|a|+|b|) - the paper's "longest
    matching subsequence" - rather than difflib's Ratcliff-Obershelp ratio, which is never
    larger and depends on difflib's junk heuristic.
-3. A step deviation |R_t - mean| below 1e-9 of the group's largest |R| is set to exactly 0, so
-   a group whose members all have the same return gives exactly 0 whatever the row order
-   (float sums would otherwise leave ~1e-16 noise, amplified by 1/eps in mean_std_norm).
+3. Float noise follows the one rule of :mod:`mcgpo.grouping` (a deviation below 1e-9 of the
+   group's largest |R| is exactly 0), so a group whose members all have the same return gives
+   exactly 0 whatever the row order.
 """
 
 from __future__ import annotations
 
-import math
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from rapidfuzz import process
 from rapidfuzz.distance import Indel
 
-from mcgpo.advantages.groups import EPS, MODES, Mode, codes, discounted_returns, episode_advantage
+from mcgpo.advantages.groups import (
+    MODES,
+    codes,
+    cross_steps_option,
+    discounted_returns,
+    episode_advantage,
+    eps_option,
+    gamma_option,
+    penalty_option,
+)
+from mcgpo.grouping import normalise, representative_rows
+from mcgpo.options import Options, option
 from mcgpo.steps import StepTable
 
 __all__ = [
     "SIMILARITY_DEFAULT",
+    "GigpoOptions",
     "anchor_groups",
     "check_step_options",
     "gigpo",
     "similarity_clusters",
-    "step_advantage",
     "step_returns",
 ]
 
 SIMILARITY_DEFAULT = 0.95  # reference code's ``similarity_thresh``
-SNAP = 1e-9  # relative size under which a step deviation counts as exactly zero
+
+
+@dataclass(frozen=True)
+class GigpoOptions(Options):
+    """Options of :func:`gigpo` (docs/algorithms/gigpo.md)."""
+
+    OWNER = "gigpo"
+    LABEL = "{owner}: {name}"
+
+    mode: str = option("mean_norm", "F_norm = 1 (the paper's main rows); mean_std_norm = w/ std")
+    gamma: float = gamma_option()
+    step_advantage_w: float = option(
+        1.0, "weight of A^S in Eq. 8; the reference code's name and value"
+    )
+    episode_advantage_w: float = option(1.0, "weight of A^E in Eq. 8; 0 leaves the step term")
+    cross_steps: bool = cross_steps_option()
+    invalid_penalty: float = penalty_option()
+    similarity: float | bool | None = option(
+        None, "None: exact anchor groups; a threshold in (0, 1) merges similar anchors"
+    )
+    eps: float = eps_option()
+
+    def __post_init__(self) -> None:
+        check_step_options(self)
+        self.number("step_advantage_w")
+        self.number("episode_advantage_w")
+        self.flag("cross_steps")
+        self.number("eps", low=0.0, low_open=True)
+        if self.similarity is not None and not isinstance(self.similarity, bool):
+            want = "None (exact anchors) or a threshold in (0, 1)"
+            self.number("similarity", low=0.0, high=1.0, low_open=True, high_open=True, want=want)
+
+    @property
+    def threshold(self) -> float | None:
+        """The similarity threshold in use; None for exact anchor groups (True = 0.95)."""
+        if self.similarity is None or self.similarity is False:
+            return None
+        return SIMILARITY_DEFAULT if self.similarity is True else float(self.similarity)
+
+
+def check_step_options(opts: Options) -> None:
+    """Check ``mode``, ``gamma`` and ``invalid_penalty``, the options of the step-level
+    estimators (GiGPO, HGPO); one-line ValueError naming the option."""
+    opts.choice("mode", MODES, want="one of " + ", ".join(MODES))
+    opts.number("gamma", low=0.0, high=1.0, want="a number in [0, 1]")
+    opts.number("invalid_penalty")
 
 
 def gigpo(
-    table: StepTable,
-    *,
-    mode: Mode = "mean_norm",
-    gamma: float = 0.95,
-    step_advantage_w: float = 1.0,
-    episode_advantage_w: float = 1.0,
-    cross_steps: bool = False,
-    invalid_penalty: float = 0.1,
-    similarity: float | bool | None = None,
-    eps: float = EPS,
+    table: StepTable, options: GigpoOptions | None = None, **kwargs: Any
 ) -> tuple[np.ndarray, dict[str, float]]:
     """GiGPO advantage per row (Eq. 8) and step-group statistics.
 
-    ``similarity``: None/False = exact anchor groups; a threshold in (0, 1) (True = 0.95)
-    merges anchors whose normalised LCS similarity reaches it (see :func:`similarity_clusters`).
+    Options: :class:`GigpoOptions` (``similarity``: see :func:`similarity_clusters`).
     """
-    check_step_options("gigpo", mode=mode, gamma=gamma, invalid_penalty=invalid_penalty)
-    for name, value in (
-        ("step_advantage_w", step_advantage_w),
-        ("episode_advantage_w", episode_advantage_w),
-    ):
-        if not _finite(value):
-            raise ValueError(f"gigpo: {name} must be a finite number, got {value!r}")
-    threshold = _similarity_threshold(similarity)
-    n = len(table)
-    if n == 0:
+    o = options if options is not None else GigpoOptions.from_kwargs(kwargs)
+    if len(table) == 0:
         return np.zeros(0), _step_group_stats(np.zeros(0, dtype=np.int64))
     a_episode = episode_advantage(
-        table, mode=mode, cross_steps=cross_steps, invalid_penalty=invalid_penalty, eps=eps
+        table, mode=o.mode, cross_steps=o.cross_steps, invalid_penalty=o.invalid_penalty, eps=o.eps
     )  # Eq. 3
-    returns = step_returns(table, gamma, invalid_penalty)  # Eq. 5
-    step_group = anchor_groups(table, threshold)  # Eq. 6
-    a_step = step_advantage(returns, step_group, mode=mode, eps=eps)  # Eq. 7
-    adv = episode_advantage_w * a_episode + step_advantage_w * a_step  # Eq. 8
+    returns = step_returns(table, o.gamma, o.invalid_penalty)  # Eq. 5
+    step_group = anchor_groups(table, o.threshold)  # Eq. 6
+    a_step = normalise(returns, step_group, mode=o.mode, eps=o.eps)  # Eq. 7, singletons 0
+    adv = o.episode_advantage_w * a_episode + o.step_advantage_w * a_step  # Eq. 8
     stats = _step_group_stats(step_group)
     stats["episode_adv_abs_mean"] = float(np.abs(a_episode).mean())
     stats["step_adv_abs_mean"] = float(np.abs(a_step).mean())
@@ -113,8 +152,7 @@ def anchor_groups(table: StepTable, similarity: float | None = None) -> np.ndarr
     if similarity is None:
         return codes(g, table.anchor)
     pair = codes(g, table.anchor)  # one code per distinct (group, anchor)
-    head = np.zeros(int(pair.max(initial=-1)) + 1, dtype=np.int64)
-    head[pair] = np.arange(len(pair))
+    head = representative_rows(pair)
     anchors = table.anchor[head]
     order = np.lexsort((anchors.astype(str), g[head]))  # by group, then anchor string
     pair_group = g[head][order]
@@ -161,68 +199,7 @@ def similarity_clusters(anchors: list[str], threshold: float) -> np.ndarray:
     return labels
 
 
-def step_advantage(
-    values: np.ndarray,
-    group: np.ndarray,
-    *,
-    mode: Mode,
-    unbiased: bool = True,
-    eps: float = EPS,
-) -> np.ndarray:
-    """Group-normalised values (Eq. 7): ``x - mean`` or ``(x - mean) / (std + eps)``.
-
-    ``group`` holds compact int codes (0..G-1). One-member groups give 0; deviations below
-    ``SNAP`` times the group's largest |x| are exactly 0 (module docstring, point 3).
-    """
-    values = np.asarray(values, dtype=np.float64)
-    n_groups = int(group.max(initial=-1)) + 1
-    count = np.bincount(group, minlength=n_groups)
-    mean = np.bincount(group, weights=values, minlength=n_groups) / np.maximum(count, 1)
-    dev = values - mean[group]
-    scale = np.zeros(n_groups)
-    np.maximum.at(scale, group, np.abs(values))
-    dev[np.abs(dev) <= SNAP * scale[group]] = 0.0
-    if mode == "mean_std_norm":
-        dof = count - 1 if unbiased else count
-        var = np.bincount(group, weights=dev * dev, minlength=n_groups) / np.maximum(dof, 1)
-        dev = dev / (np.sqrt(var)[group] + eps)
-    return np.where(count[group] > 1, dev, 0.0)
-
-
-# ---------------------------------------------------------------------- options and stats
-def check_step_options(name: str, *, mode: str, gamma: float, invalid_penalty: float) -> None:
-    """Validate the options shared by the step-level estimators; ValueError naming the option."""
-    if mode not in MODES:
-        raise ValueError(f"{name}: mode must be one of {', '.join(MODES)}, got {mode!r}")
-    if not _finite(gamma) or not 0.0 <= gamma <= 1.0:
-        raise ValueError(f"{name}: gamma must be a number in [0, 1], got {gamma!r}")
-    if not _finite(invalid_penalty):
-        raise ValueError(
-            f"{name}: invalid_penalty must be a finite number, got {invalid_penalty!r}"
-        )
-
-
-def _similarity_threshold(similarity: float | bool | None) -> float | None:
-    if similarity is None or similarity is False:
-        return None
-    if similarity is True:
-        return SIMILARITY_DEFAULT
-    if not _finite(similarity) or not 0.0 < similarity < 1.0:
-        raise ValueError(
-            f"gigpo: similarity must be None (exact anchors) or a threshold in (0, 1), "
-            f"got {similarity!r}"
-        )
-    return float(similarity)
-
-
-def _finite(value: object) -> bool:
-    return (
-        isinstance(value, (int, float, np.integer, np.floating))
-        and not isinstance(value, (bool, np.bool_))
-        and math.isfinite(value)
-    )
-
-
+# ---------------------------------------------------------------------- stats
 def _step_group_stats(step_group: np.ndarray) -> dict[str, float]:
     """How the step groups read: counts over groups, shares over groups and over rows."""
     sizes = np.bincount(step_group)

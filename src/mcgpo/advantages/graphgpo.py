@@ -30,16 +30,63 @@ Where this departs from the paper, and why (details in docs/algorithms/graphgpo.
 
 from __future__ import annotations
 
-import math
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-from mcgpo.advantages.groups import EPS, MODES, codes, episode_advantage, normalise
+from mcgpo.advantages.groups import (
+    MODES,
+    codes,
+    cross_steps_option,
+    episode_advantage,
+    eps_option,
+    normalise,
+    penalty_option,
+)
+from mcgpo.options import Options, option
 from mcgpo.steps import StepTable
 
-__all__ = ["CONVENTIONS", "GraphDistances", "graph_distances", "graph_returns", "graphgpo"]
+__all__ = [
+    "CONVENTIONS",
+    "GraphDistances",
+    "GraphgpoOptions",
+    "graph_distances",
+    "graph_returns",
+    "graphgpo",
+]
 
 CONVENTIONS = ("code", "paper")
+
+
+@dataclass(frozen=True)
+class GraphgpoOptions(Options):
+    """Options of :func:`graphgpo` and :func:`graph_returns` (docs/algorithms/graphgpo.md)."""
+
+    OWNER = "graphgpo"
+
+    omega: float = option(0.10, "distance discount; the ALFWorld script's (0.20 for WebShop)")
+    convention: str = option("code", "R^G = r_succ omega^d(s') as the published code trains")
+    mode: str = option("mean_std_norm", "F_norm = std + eps, as in the published recipe")
+    step_advantage_w: float = option(1.0, "beta_G, the weight of A^G")
+    episode_advantage_w: float = option(1.0, "beta_E, the weight of A^E; 0 drops it")
+    invalid_penalty: float = penalty_option()
+    cross_steps: bool = cross_steps_option()
+    success_reward: float = option(10.0, "r_succ: the environments' success reward")
+    zero_all_fail: bool = option(False, "keep A^G in all-fail groups, as the reference code does")
+    eps: float = eps_option()
+
+    def __post_init__(self) -> None:
+        self.number("omega", low=0, high=1, low_open=True, high_open=True)
+        self.choice("convention", CONVENTIONS, want="'code' or 'paper'")
+        self.choice("mode", MODES)
+        self.number("step_advantage_w")
+        self.number("episode_advantage_w")
+        self.number("success_reward", low=0, low_open=True)
+        self.number("invalid_penalty", low=0)
+        self.flag("cross_steps")
+        self.flag("zero_all_fail")
+        self.number("eps", low=0, low_open=True)
 
 
 class GraphDistances:
@@ -124,98 +171,46 @@ def graph_distances(table: StepTable) -> GraphDistances:
 
 def graph_returns(
     table: StepTable,
+    options: GraphgpoOptions | None = None,
     *,
-    omega: float = 0.10,
-    convention: str = "code",
-    success_reward: float = 10.0,
-    invalid_penalty: float = 0.1,
     distances: GraphDistances | None = None,
+    **kwargs: Any,
 ) -> np.ndarray:
-    """Per-row graph return R^G (paper Eq. 4 / the code's variant) minus the invalid penalty."""
-    _check(omega=omega, convention=convention, success_reward=success_reward)
+    """Per-row graph return R^G (paper Eq. 4 / the code's variant) minus the invalid penalty.
+
+    Reads ``omega``, ``convention``, ``success_reward`` and ``invalid_penalty``.
+    """
+    o = options if options is not None else GraphgpoOptions.from_kwargs(kwargs)
     dist = graph_distances(table) if distances is None else distances
-    exponent = dist.d_next + (1.0 if convention == "paper" else 0.0)  # c(s, a) = 1
-    return success_reward * omega**exponent - invalid_penalty * (~table.action_valid)
+    exponent = dist.d_next + (1.0 if o.convention == "paper" else 0.0)  # c(s, a) = 1
+    return o.success_reward * o.omega**exponent - o.invalid_penalty * (~table.action_valid)
 
 
 def graphgpo(
-    table: StepTable,
-    *,
-    omega: float = 0.10,
-    convention: str = "code",
-    mode: str = "mean_std_norm",
-    step_advantage_w: float = 1.0,
-    episode_advantage_w: float = 1.0,
-    invalid_penalty: float = 0.1,
-    cross_steps: bool = False,
-    success_reward: float = 10.0,
-    zero_all_fail: bool = False,
-    eps: float = EPS,
+    table: StepTable, options: GraphgpoOptions | None = None, **kwargs: Any
 ) -> tuple[np.ndarray, dict[str, float]]:
     """GraphGPO advantage A = beta_G * A^G + beta_E * A^E, one value per row.
 
-    ``omega``: distance discount (0.10 ALFWorld, 0.20 WebShop in the published scripts).
-    ``convention``: "code" (10 * omega^d(s'), default) or "paper" (Eq. 4, 10 * omega^(d+1)).
-    ``step_advantage_w`` / ``episode_advantage_w``: beta_G / beta_E.
-    ``zero_all_fail``: set A^G = 0 in groups without a success (off: the reference code).
+    Options: :class:`GraphgpoOptions` (``omega`` 0.10 ALFWorld, 0.20 WebShop in the
+    published scripts; ``convention`` "code" = 10 * omega^d(s'), "paper" = Eq. 4).
     """
-    _check(
-        omega=omega,
-        convention=convention,
-        success_reward=success_reward,
-        mode=mode,
-        step_advantage_w=step_advantage_w,
-        episode_advantage_w=episode_advantage_w,
-        invalid_penalty=invalid_penalty,
-    )
+    o = options if options is not None else GraphgpoOptions.from_kwargs(kwargs)
     if len(table) == 0:
         return np.zeros(0), {"groups": 0.0}
     dist = graph_distances(table)
-    r_graph = graph_returns(
-        table,
-        omega=omega,
-        convention=convention,
-        success_reward=success_reward,
-        invalid_penalty=invalid_penalty,
-        distances=dist,
-    )
+    r_graph = graph_returns(table, o, distances=dist)
     # A^G: rows leaving the same anchor of the same group (GiGPO Eq. 6-7); singleton -> 0.
     # The source node id is exactly the code of (group, anchor).
     source_group = dist.node_source
-    a_graph = normalise(r_graph, source_group, mode=mode, singleton="zero", eps=eps)
-    if zero_all_fail:
+    a_graph = normalise(r_graph, source_group, mode=o.mode, singleton="zero", eps=o.eps)
+    if o.zero_all_fail:
         a_graph = np.where(dist.group_has_success, a_graph, 0.0)
     a_episode = episode_advantage(
-        table, mode=mode, cross_steps=cross_steps, invalid_penalty=invalid_penalty, eps=eps
+        table, mode=o.mode, cross_steps=o.cross_steps, invalid_penalty=o.invalid_penalty, eps=o.eps
     )
-    adv = step_advantage_w * a_graph + episode_advantage_w * a_episode
+    adv = o.step_advantage_w * a_graph + o.episode_advantage_w * a_episode
     stats = dict(dist.stats)
     stats["graph_return_mean"] = float(r_graph.mean())
     stats["graph_adv_nonzero_share"] = float(np.mean(np.abs(a_graph) > 1e-8))
     stats["source_singleton_share"] = float(np.mean(np.bincount(source_group)[source_group] == 1))
     return adv, stats
-
-
-def _check(**opts: object) -> None:
-    """Validate options; every message names the estimator, the option and the bad value."""
-    for name, value in opts.items():
-        if name == "omega" and not (isinstance(value, (int, float)) and 0.0 < value < 1.0):
-            raise ValueError(f"graphgpo: option 'omega' must be in (0, 1), got {value!r}")
-        if name == "convention" and value not in CONVENTIONS:
-            raise ValueError(
-                f"graphgpo: option 'convention' must be 'code' or 'paper', got {value!r}"
-            )
-        if name == "mode" and value not in MODES:
-            raise ValueError(f"graphgpo: option 'mode' must be one of {MODES}, got {value!r}")
-        if name in ("step_advantage_w", "episode_advantage_w", "success_reward") and not (
-            isinstance(value, (int, float)) and math.isfinite(value)
-        ):
-            raise ValueError(f"graphgpo: option {name!r} must be a finite number, got {value!r}")
-        if name == "success_reward" and value <= 0:
-            raise ValueError(f"graphgpo: option 'success_reward' must be > 0, got {value!r}")
-        if name == "invalid_penalty" and not (
-            isinstance(value, (int, float)) and math.isfinite(value) and value >= 0
-        ):
-            raise ValueError(
-                f"graphgpo: option 'invalid_penalty' must be a finite number >= 0, got {value!r}"
-            )

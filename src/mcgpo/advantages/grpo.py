@@ -16,33 +16,76 @@ See docs/algorithms/grpo.md and rloo.md.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import numpy as np
 
-from mcgpo.advantages.groups import EPS, codes, episode_advantage, episode_scores
+from mcgpo.advantages.groups import (
+    codes,
+    cross_steps_option,
+    episode_advantage,
+    episode_scores,
+    eps_option,
+    penalty_option,
+)
+from mcgpo.grouping import trajectory_view
+from mcgpo.options import Options, option
 from mcgpo.steps import StepTable
+
+__all__ = ["GrpoOptions", "RlooOptions", "grpo", "rloo"]
+
+
+@dataclass(frozen=True)
+class GrpoOptions(Options):
+    """Options of :func:`grpo` (docs/algorithms/grpo.md)."""
+
+    OWNER = "grpo"
+
+    norm_by_std: bool = option(True, "divide by the group std (GRPO); False: Dr. GRPO's mean only")
+    cross_steps: bool = cross_steps_option()
+    invalid_penalty: float = penalty_option()
+    eps: float = eps_option()
+
+    def __post_init__(self) -> None:
+        self.flag("norm_by_std")
+        self.flag("cross_steps")
+        self.number("invalid_penalty")
+        self.number("eps", low=0.0, low_open=True)
+
+
+@dataclass(frozen=True)
+class RlooOptions(Options):
+    """Options of :func:`rloo` (docs/algorithms/rloo.md)."""
+
+    OWNER = "rloo"
+
+    cross_steps: bool = cross_steps_option()
+    invalid_penalty: float = penalty_option()
+
+    def __post_init__(self) -> None:
+        self.flag("cross_steps")
+        self.number("invalid_penalty")
 
 
 def grpo(
-    table: StepTable,
-    *,
-    norm_by_std: bool = True,
-    cross_steps: bool = False,
-    invalid_penalty: float = 0.1,
-    eps: float = EPS,
+    table: StepTable, options: GrpoOptions | None = None, **kwargs: Any
 ) -> tuple[np.ndarray, dict[str, float]]:
     """Group-relative trajectory advantage (GRPO), broadcast to every row of a trajectory."""
-    mode = "mean_std_norm" if norm_by_std else "mean_norm"
+    o = options if options is not None else GrpoOptions.from_kwargs(kwargs)
+    mode = "mean_std_norm" if o.norm_by_std else "mean_norm"
     adv = episode_advantage(
-        table, mode=mode, cross_steps=cross_steps, invalid_penalty=invalid_penalty, eps=eps
+        table,
+        mode=mode,
+        cross_steps=o.cross_steps,
+        invalid_penalty=o.invalid_penalty,
+        eps=o.eps,
     )
     return adv, _episode_stats(table)
 
 
 def rloo(
-    table: StepTable,
-    *,
-    cross_steps: bool = False,
-    invalid_penalty: float = 0.1,
+    table: StepTable, options: RlooOptions | None = None, **kwargs: Any
 ) -> tuple[np.ndarray, dict[str, float]]:
     """Leave-one-out baseline: A = n/(n-1) (x - mean) - penalty; a one-member group keeps S.
 
@@ -51,19 +94,17 @@ def rloo(
     x = S_r over the n rows of the group (the penalty is inside the leave-one-out mean).
     A group with one member keeps its raw score S_r, as the reference code does.
     """
-    scores = episode_scores(table, invalid_penalty)
-    penalty = invalid_penalty * (~table.action_valid)
+    o = options if options is not None else RlooOptions.from_kwargs(kwargs)
+    scores = episode_scores(table, o.invalid_penalty)
+    penalty = o.invalid_penalty * (~table.action_valid)
     g = codes(table.group)
-    if cross_steps:
+    if o.cross_steps:
         counts = np.bincount(g)  # every step row counts
         n = counts[g].astype(np.float64)
         mean = np.bincount(g, weights=scores)[g] / n
         adv = n / np.maximum(n - 1, 1) * (scores - mean)
     else:
-        t = codes(table.traj)
-        n_traj = int(t.max(initial=-1)) + 1
-        head = np.zeros(n_traj, dtype=np.int64)
-        head[t] = np.arange(len(t))
+        head = trajectory_view(table).head
         returns = scores + penalty  # R(tau) per row
         n_g = np.bincount(g[head], minlength=int(g.max(initial=-1)) + 1)
         sum_g = np.bincount(g[head], weights=returns[head], minlength=len(n_g))
@@ -75,16 +116,13 @@ def rloo(
 def _episode_stats(table: StepTable) -> dict[str, float]:
     if len(table) == 0:
         return {"groups": 0.0, "trajectories": 0.0}
-    t = codes(table.traj)
+    head = trajectory_view(table).head
     g = codes(table.group)
-    n_traj = int(t.max()) + 1
-    head = np.zeros(n_traj, dtype=np.int64)
-    head[t] = np.arange(len(t))
     succ = table.success[head]
     gs = np.bincount(g[head], weights=succ) / np.bincount(g[head])
     return {
         "groups": float(g.max() + 1),
-        "trajectories": float(n_traj),
+        "trajectories": float(len(head)),
         "success_rate": float(succ.mean()),
         "groups_all_success": float(np.mean(gs == 1.0)),
         "groups_all_fail": float(np.mean(gs == 0.0)),

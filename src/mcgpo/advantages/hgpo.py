@@ -23,69 +23,94 @@ Where this departs from the paper / reference code, and why (docs/algorithms/hgp
    (default False = once per trajectory; True = the code's statistics over step rows).
 3. The code divides by sum(w) + eps; here the weights are normalised exactly (the eps only
    guarded an empty sum, handled explicitly).
-4. "Zero advantage" is decided after setting deviations below 1e-9 of the group's largest |R|
-   to exactly 0 (gigpo.step_advantage), so constant groups are always skipped, whatever the
-   row order; in float32 the code would skip them only when rounding happens to give 0.
+4. "Zero advantage" is decided after the float-noise rule of :mod:`mcgpo.grouping`
+   (deviations below 1e-9 of the group's largest |R| are exactly 0), so constant groups are
+   always skipped, whatever the row order; in float32 the code would skip them only when
+   rounding happens to give 0.
 """
 
 from __future__ import annotations
 
-import math
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-from mcgpo.advantages.gigpo import check_step_options, step_advantage, step_returns
-from mcgpo.advantages.groups import EPS, Mode, codes, episode_advantage
+from mcgpo.advantages.gigpo import check_step_options, step_returns
+from mcgpo.advantages.groups import (
+    codes,
+    cross_steps_option,
+    episode_advantage,
+    eps_option,
+    gamma_option,
+    penalty_option,
+)
+from mcgpo.grouping import normalise
+from mcgpo.options import Options, option
 from mcgpo.steps import StepTable
 
-__all__ = ["WEIGHTS", "context_groups", "hgpo", "level_weights"]
+__all__ = ["WEIGHTS", "HgpoOptions", "context_groups", "hgpo", "level_weights"]
 
 WEIGHTS = ("paper", "code")
 
 
+@dataclass(frozen=True)
+class HgpoOptions(Options):
+    """Options of :func:`hgpo` (docs/algorithms/hgpo.md)."""
+
+    OWNER = "hgpo"
+    LABEL = "{owner}: {name}"
+
+    history: int = option(2, "K: deepest k-context level, the recipe's ALFWorld setting")
+    alpha: float = option(1.0, "w_k ~ (k+1)^alpha: deeper, more specific contexts weigh more")
+    weights: str = option("paper", "w_k as the paper writes it; code = (k+2)^alpha")
+    mode: str = option(
+        "mean_std_norm", "(R - mean) / (popstd + eps): the recipe's ALFWorld scripts"
+    )
+    gamma: float = gamma_option()
+    invalid_penalty: float = penalty_option()
+    base_group: bool = option(False, "no trajectory-level item, as in the paper")
+    cross_steps: bool = cross_steps_option()
+    eps: float = eps_option()
+
+    def __post_init__(self) -> None:
+        check_step_options(self)
+        self.integer("history", low=0)
+        self.number("alpha")
+        self.choice("weights", WEIGHTS, want="one of " + ", ".join(WEIGHTS))
+        self.flag("base_group")
+        self.flag("cross_steps")
+        self.number("eps", low=0, low_open=True)
+
+
 def hgpo(
-    table: StepTable,
-    *,
-    history: int = 2,
-    alpha: float = 1.0,
-    weights: str = "paper",
-    mode: Mode = "mean_std_norm",
-    gamma: float = 0.95,
-    invalid_penalty: float = 0.1,
-    base_group: bool = False,
-    cross_steps: bool = False,
-    eps: float = EPS,
+    table: StepTable, options: HgpoOptions | None = None, **kwargs: Any
 ) -> tuple[np.ndarray, dict[str, float]]:
     """HGPO advantage per row and per-level statistics (K = ``history``)."""
-    check_step_options("hgpo", mode=mode, gamma=gamma, invalid_penalty=invalid_penalty)
-    is_int = isinstance(history, (int, np.integer)) and not isinstance(history, (bool, np.bool_))
-    if not is_int or history < 0:
-        raise ValueError(f"hgpo: history must be an integer >= 0, got {history!r}")
-    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not math.isfinite(alpha):
-        raise ValueError(f"hgpo: alpha must be a finite number, got {alpha!r}")
-    if weights not in WEIGHTS:
-        raise ValueError(f"hgpo: weights must be one of {', '.join(WEIGHTS)}, got {weights!r}")
-
+    o = options if options is not None else HgpoOptions.from_kwargs(kwargs)
+    history = o.history
     n = len(table)
     levels = int(history) + 1
     item_adv = np.zeros((levels + 1, n))  # row k <= K: A_k^H; last row: base term
     item_w = np.zeros(levels + 1)
-    item_w[:levels] = level_weights(history, alpha, weights)
+    item_w[:levels] = level_weights(history, o.alpha, o.weights)
     item_w[levels] = 1.0  # base group: weight 1 (code: k = 0, (0 + 1)^alpha)
     stats: dict[str, float] = {}
     if n:
-        returns = step_returns(table, gamma, invalid_penalty)
+        returns = step_returns(table, o.gamma, o.invalid_penalty)
         for k, (has, code) in enumerate(context_groups(table, history)):
-            item_adv[k, has] = step_advantage(
-                returns[has], code, mode=mode, unbiased=False, eps=eps
-            )
+            item_adv[k, has] = normalise(returns[has], code, mode=o.mode, unbiased=False, eps=o.eps)
             sizes = np.bincount(code)
             stats[f"k{k}_groups"] = float(len(sizes))
             stats[f"k{k}_group_size_mean"] = float(sizes.mean()) if len(sizes) else 0.0
             stats[f"k{k}_kept_share"] = float(np.mean(item_adv[k] != 0))
-        if base_group:
+        if o.base_group:
             item_adv[levels] = episode_advantage(
-                table, mode=mode, cross_steps=cross_steps, invalid_penalty=invalid_penalty, eps=eps
+                table,
+                mode=o.mode,
+                cross_steps=o.cross_steps,
+                invalid_penalty=o.invalid_penalty,
+                eps=o.eps,
             )
             stats["base_kept_share"] = float(np.mean(item_adv[levels] != 0))
     kept = item_adv != 0  # singleton groups gave 0, as did zero-advantage members
@@ -96,7 +121,7 @@ def hgpo(
     return adv, stats
 
 
-def level_weights(history: int, alpha: float, weights: str = "paper") -> np.ndarray:
+def level_weights(history: int, alpha: float, weights: str) -> np.ndarray:
     """Unnormalised weight of each level k = 0..K: (k+1)^alpha ("paper") or (k+2)^alpha ("code")."""
     k = np.arange(int(history) + 1, dtype=np.float64)
     shift = 1.0 if weights == "paper" else 2.0

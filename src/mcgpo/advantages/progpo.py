@@ -15,7 +15,7 @@ reconstruction of what the abstract states, every choice an option (docs/algorit
        delta_t = (r_t - penalty) + gamma * Phi(s_{t+1}) - Phi(s_t),   Phi(after the end) = 0
    The success reward r_T carries the win, so this equals gamma * Phi(s') - Phi(s) with the
    success sink's potential r_succ / gamma; after a failed last row Phi = 0.
-4. A = A^E + omega * A^step, A^step = A^peer where the row has peers, else the credit
+4. A = A^E + step_weight * A^step, A^step = A^peer where the row has peers, else the credit
    (``credit_all``: A^peer + credit everywhere). A^E is the GiGPO episode term (Eq. 3).
 
 Departures from the abstract's wording are guesses where it says nothing; the docs list them.
@@ -23,27 +23,74 @@ Departures from the abstract's wording are guesses where it says nothing; the do
 
 from __future__ import annotations
 
-import math
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from mcgpo.advantages.groups import (
-    EPS,
     MODES,
-    codes,
+    cross_steps_option,
     discounted_returns,
     episode_advantage,
-    group_stats,
-    normalise,
+    eps_option,
+    gamma_option,
+    penalty_option,
 )
+from mcgpo.grouping import codes, combine_codes, group_stats, normalise
+from mcgpo.options import Options, option
 from mcgpo.steps import StepTable
 
-__all__ = ["ProgpoPotentials", "progpo", "progpo_potentials"]
+__all__ = ["ProgpoOptions", "ProgpoPotentials", "progpo", "progpo_potentials"]
 
 PARTS = ("both", "peers", "potentials")
 PREFIXES = ("states", "states_actions")
 FUSIONS = ("inverse_variance", "deepest")
 EXPANSIONS = ("none", "coarse", "similarity")
+
+
+@dataclass(frozen=True)
+class ProgpoOptions(Options):
+    """Options of :func:`progpo` and :func:`progpo_potentials` (docs/algorithms/progpo.md)."""
+
+    OWNER = "progpo"
+
+    parts: str = option("both", "peers where a row has them, transition credit elsewhere")
+    prefix: str = option("states", "peers share the states s_0..s_t (the abstract's prefix)")
+    history: int = option(2, "K: potentials at depths 0..K, verl-agent's history length")
+    fusion: str = option("inverse_variance", "fuse the depths by precision, not just the deepest")
+    expansion: str = option("coarse", "semantic level from state_coarse: no text heuristics")
+    similarity: float = option(0.9, "threshold of expansion='similarity', GiGPO's paper threshold")
+    var_floor: float = option(0.01, "tau^2: a level whose visits agree still gets finite weight")
+    gamma: float = gamma_option()
+    step_weight: float = option(1.0, "weight of A^step next to A^E: both count alike")
+    mode: str = option("mean_std_norm", "F_norm = std + eps, as GiGPO w/ std")
+    invalid_penalty: float = penalty_option()
+    cross_steps: bool = cross_steps_option()
+    credit_all: bool = option(False, "credit only rows without peers (parts='both')")
+    eps: float = eps_option()
+
+    def __post_init__(self) -> None:
+        for name, allowed in (
+            ("parts", PARTS),
+            ("prefix", PREFIXES),
+            ("fusion", FUSIONS),
+            ("expansion", EXPANSIONS),
+            ("mode", MODES),
+        ):
+            self.choice(name, allowed)
+        self.integer("history", low=0, high=16)
+        self.number("gamma", low=0, high=1, low_open=True)
+        self.number("similarity", low=0, high=1, low_open=True)
+        self.number("step_weight", low=0)
+        self.number("invalid_penalty", low=0)
+        floor = "a finite number > 0 (it keeps inverse variances finite)"
+        self.number("var_floor", low=0, low_open=True, want=floor)
+        self.flag("cross_steps")
+        self.flag("credit_all")
+        self.number("eps", low=0, low_open=True)
+        if self.credit_all and self.parts != "both":
+            raise ValueError("progpo: option 'credit_all' needs parts='both'")
 
 
 class ProgpoPotentials:
@@ -59,52 +106,32 @@ class ProgpoPotentials:
 
 
 def progpo_potentials(
-    table: StepTable,
-    *,
-    gamma: float = 0.95,
-    history: int = 2,
-    fusion: str = "inverse_variance",
-    expansion: str = "coarse",
-    similarity: float = 0.9,
-    var_floor: float = 0.01,
+    table: StepTable, options: ProgpoOptions | None = None, **kwargs: Any
 ) -> ProgpoPotentials:
-    """Phi per row: depth-k context means of the step return, fused across depths (item 2)."""
-    _check(
-        gamma=gamma,
-        history=history,
-        fusion=fusion,
-        expansion=expansion,
-        similarity=similarity,
-        var_floor=var_floor,
-    )
-    returns = discounted_returns(table, gamma)  # penalty-free: the penalty is not a reward
-    return _fused_potentials(
-        table, _Layout(table), returns, gamma, history, fusion, expansion, similarity, var_floor
-    )
+    """Phi per row: depth-k context means of the step return, fused across depths (item 2).
+
+    Reads ``gamma``, ``history``, ``fusion``, ``expansion``, ``similarity``, ``var_floor``.
+    """
+    o = options if options is not None else ProgpoOptions.from_kwargs(kwargs)
+    returns = discounted_returns(table, o.gamma)  # penalty-free: the penalty is not a reward
+    return _fused_potentials(table, _Layout(table), returns, o)
 
 
 def _fused_potentials(
-    table: StepTable,
-    layout: _Layout,
-    returns: np.ndarray,
-    gamma: float,
-    history: int,
-    fusion: str,
-    expansion: str,
-    similarity: float,
-    var_floor: float,
+    table: StepTable, layout: _Layout, returns: np.ndarray, o: ProgpoOptions
 ) -> ProgpoPotentials:
+    history, fusion, expansion = o.history, o.fusion, o.expansion
     g, anchor = layout.group, layout.anchor
     keys, levels = [anchor], ["depth0"]
     for k in range(1, history + 1):  # context s_{t-k} .. s_t, only where t >= k
         lag = layout.lagged(k)
         key = np.full(len(table), -1, dtype=np.int64)
         has = lag >= 0
-        key[has] = _pair_codes(keys[-1][has], anchor[lag[has]])
+        key[has] = combine_codes(keys[-1][has], anchor[lag[has]])
         keys.append(key)
         levels.append(f"depth{k}")
     if expansion != "none":
-        keys.append(_semantic_classes(table, layout, expansion, similarity))
+        keys.append(_semantic_classes(table, layout, expansion, o.similarity))
         levels.append("semantic")
 
     _, group_std, group_n = group_stats(returns, g)
@@ -116,7 +143,7 @@ def _fused_potentials(
         if has.any():
             m, s, c = group_stats(returns[has], codes(key[has]))
             mean[has], std[has], n[has] = m, s, c
-        var = np.where(n > 1, std**2, prior_var) + var_floor
+        var = np.where(n > 1, std**2, prior_var) + o.var_floor
         means.append(mean)
         variances.append(np.where(has, var / np.maximum(n, 1), np.inf))
         counts.append(n)
@@ -142,33 +169,19 @@ def _fused_potentials(
 
 
 def progpo(
-    table: StepTable,
-    *,
-    parts: str = "both",
-    prefix: str = "states",
-    history: int = 2,
-    fusion: str = "inverse_variance",
-    expansion: str = "coarse",
-    similarity: float = 0.9,
-    var_floor: float = 0.01,
-    gamma: float = 0.95,
-    omega: float = 1.0,
-    mode: str = "mean_std_norm",
-    invalid_penalty: float = 0.1,
-    cross_steps: bool = False,
-    credit_all: bool = False,
-    eps: float = EPS,
+    table: StepTable, options: ProgpoOptions | None = None, **kwargs: Any
 ) -> tuple[np.ndarray, dict[str, float]]:
-    """ProGPO advantage A = A^E + omega * A^step (module docstring, items 1-4)."""
-    _check(**{k: v for k, v in locals().items() if k != "table"})
+    """ProGPO advantage A = A^E + step_weight * A^step (module docstring, items 1-4)."""
+    o = options if options is not None else ProgpoOptions.from_kwargs(kwargs)
+    parts, mode, eps, gamma = o.parts, o.mode, o.eps, o.gamma
     n = len(table)
     if n == 0:
         return np.zeros(0), {"groups": 0.0}
-    invalid = invalid_penalty * (~table.action_valid)
+    invalid = o.invalid_penalty * (~table.action_valid)
     layout = _Layout(table)
     g = layout.group
     # 1. exact-prefix peers: prefix ids built turn by turn, P_t = (P_{t-1}, [a_{t-1}], s_t)
-    peers = _prefix_codes(table, layout, with_actions=prefix == "states_actions")
+    peers = _prefix_codes(table, layout, with_actions=o.prefix == "states_actions")
     peer_n = np.bincount(peers)[peers]
     returns = discounted_returns(table, gamma)
     y = returns - invalid
@@ -177,9 +190,7 @@ def progpo(
     use_credit = parts != "peers"
     credit = np.zeros(n)
     if use_credit:
-        pot = _fused_potentials(
-            table, layout, returns, gamma, history, fusion, expansion, similarity, var_floor
-        )
+        pot = _fused_potentials(table, layout, returns, o)
         delta = table.reward - invalid + gamma * pot.phi_next - pot.phi
         credit = delta
         if mode == "mean_std_norm":
@@ -192,9 +203,9 @@ def progpo(
     elif parts == "potentials":
         a_step = credit
     else:
-        a_step = a_peer + credit if credit_all else np.where(has_peers, a_peer, credit)
+        a_step = a_peer + credit if o.credit_all else np.where(has_peers, a_peer, credit)
     a_episode = episode_advantage(
-        table, mode=mode, cross_steps=cross_steps, invalid_penalty=invalid_penalty, eps=eps
+        table, mode=mode, cross_steps=o.cross_steps, invalid_penalty=o.invalid_penalty, eps=eps
     )
     stats = {
         "groups": float(g.max() + 1),
@@ -202,7 +213,7 @@ def progpo(
         "peer_group_size_mean": float(peer_n[has_peers].mean()) if has_peers.any() else 0.0,
     }
     credited = np.zeros(n, dtype=bool) if parts == "peers" else ~has_peers
-    if parts == "potentials" or credit_all:
+    if parts == "potentials" or o.credit_all:
         credited[:] = True
     stats["credited_row_share"] = float(credited.mean())
     if use_credit:
@@ -210,7 +221,7 @@ def progpo(
         stats["credit_abs_mean"] = float(np.abs(credit).mean())
         for name, w in zip(pot.levels, pot.weights):
             stats[f"fusion_weight_{name}"] = float(w.mean())
-    return a_episode + omega * a_step, stats
+    return a_episode + o.step_weight * a_step, stats
 
 
 class _Layout:
@@ -232,18 +243,6 @@ class _Layout:
         return self.matrix[self.traj, self.turn + 1]
 
 
-def _pair_codes(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Codes of the non-negative integer pairs (a, b), by value (order-free)."""
-    if len(a) == 0:
-        return np.zeros(0, dtype=np.int64)
-    width = int(b.max()) + 1
-    if (int(a.max()) + 1) * width < 2**62:  # one int64 key per pair: a 1-D unique is fast
-        _, inv = np.unique(a * width + b, return_inverse=True)
-    else:
-        _, inv = np.unique(np.stack([a, b], axis=1), axis=0, return_inverse=True)
-    return inv.reshape(-1).astype(np.int64)
-
-
 def _prefix_codes(table: StepTable, layout: _Layout, *, with_actions: bool) -> np.ndarray:
     """Id of the whole prefix s_0 (a_0) s_1 ... s_t per row; equal ids <=> equal prefixes."""
     anchor = layout.anchor
@@ -257,8 +256,8 @@ def _prefix_codes(table: StepTable, layout: _Layout, *, with_actions: bool) -> n
         prev = layout.matrix[layout.traj[rows], t - 1]
         head = out[prev]
         if action is not None:
-            head = _pair_codes(head, action[prev])
-        new = _pair_codes(head, anchor[rows])
+            head = combine_codes(head, action[prev])
+        new = combine_codes(head, anchor[rows])
         out[rows] = new + offset
         offset += int(new.max()) + 1
     return out
@@ -272,7 +271,7 @@ def _semantic_classes(
     if expansion == "coarse":
         coarse = codes(table.state_coarse)
         own = layout.anchor + int(coarse.max()) + 1  # an empty summary: the anchor's own class
-        return _pair_codes(g, np.where(table.state_coarse == "", own, coarse))
+        return combine_codes(g, np.where(table.state_coarse == "", own, coarse))
     from rapidfuzz import fuzz
 
     cluster = {}  # (group, anchor) -> representative; greedy in sorted order: order-free
@@ -285,32 +284,3 @@ def _semantic_classes(
             cluster[group, text] = rep if rep is not None else text
     reps_col = np.array([cluster[k] for k in zip(g.tolist(), table.anchor)], dtype=object)
     return codes(g, reps_col)
-
-
-def _check(**o: object) -> None:
-    """Validate the options given; one line naming the option and the bad value."""
-
-    def bad(name: str, want: str) -> ValueError:
-        return ValueError(f"progpo: option {name!r} must be {want}, got {o[name]!r}")
-
-    def number(value: object) -> bool:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-    choices = {"parts": PARTS, "prefix": PREFIXES, "fusion": FUSIONS, "expansion": EXPANSIONS}
-    for name, allowed in {**choices, "mode": MODES}.items():
-        if name in o and o[name] not in allowed:
-            raise bad(name, "one of " + ", ".join(repr(c) for c in allowed))
-    if "history" in o:
-        h = o["history"]
-        if isinstance(h, bool) or not isinstance(h, int) or not 0 <= h <= 16:
-            raise bad("history", "an integer in [0, 16]")
-    for name in ("gamma", "similarity"):
-        if name in o and not (number(o[name]) and 0.0 < o[name] <= 1.0):
-            raise bad(name, "in (0, 1]")
-    for name in ("omega", "invalid_penalty"):
-        if name in o and not (number(o[name]) and math.isfinite(o[name]) and o[name] >= 0):
-            raise bad(name, "a finite number >= 0")
-    if "var_floor" in o and not (number(o["var_floor"]) and 0 < o["var_floor"] < math.inf):
-        raise bad("var_floor", "a finite number > 0 (it keeps inverse variances finite)")
-    if o.get("credit_all") and o.get("parts") != "both":
-        raise ValueError("progpo: option 'credit_all' needs parts='both'")

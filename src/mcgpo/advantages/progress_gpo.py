@@ -25,26 +25,79 @@ Choices the abstract leaves open (docs/algorithms/progress_gpo.md):
 
 from __future__ import annotations
 
-import importlib
-import inspect
-import math
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any, NamedTuple
 
 import numpy as np
 
-from mcgpo.advantages.groups import EPS, codes, group_stats
+from mcgpo.advantages.gigpo import GigpoOptions, gigpo
+from mcgpo.advantages.graphgpo import GraphgpoOptions, graphgpo
+from mcgpo.advantages.groups import eps_option
+from mcgpo.advantages.grpo import GrpoOptions, grpo
+from mcgpo.grouping import codes, group_stats, normalise, trajectory_view
+from mcgpo.options import Options, option
 from mcgpo.steps import StepTable
 
-__all__ = ["BASES", "first_visit_coverage", "progress_gpo"]
+__all__ = ["BASES", "Base", "ProgressGpoOptions", "first_visit_coverage", "progress_gpo"]
 
-# base name -> module holding the function of that name (imported lazily: written in parallel)
-BASES = {
-    "grpo": "mcgpo.advantages.grpo",
-    "gigpo": "mcgpo.advantages.gigpo",
-    "graphgpo": "mcgpo.advantages.graphgpo",
+
+class Base(NamedTuple):
+    """A base estimator progress_gpo can sit on: its function and its options class."""
+
+    estimator: Callable[..., tuple[np.ndarray, dict[str, float]]]
+    options: type[Options]
+
+
+BASES: dict[str, Base] = {
+    "grpo": Base(grpo, GrpoOptions),
+    "gigpo": Base(gigpo, GigpoOptions),
+    "graphgpo": Base(graphgpo, GraphgpoOptions),
 }
 COMBINES = ("replace", "add")
+
+
+@dataclass(frozen=True)
+class ProgressGpoOptions(Options):
+    """Options of :func:`progress_gpo` (docs/algorithms/progress_gpo.md)."""
+
+    OWNER = "progress_gpo"
+
+    base: str = option("grpo", "the outcome estimator of the abstract's other groups: GRPO")
+    base_options: Mapping[str, Any] | None = option(None, "the base's options; None: its defaults")
+    lam: float = option(1.0, "coverage z-score at a GRPO advantage's unit scale")
+    scale_by_fail_share: bool = option(False, "a fixed lam; True: lam x share of all-fail groups")
+    combine: str = option(
+        "replace", "all-fail groups take the coverage term in place of the base's"
+    )
+    eps: float = eps_option()
+
+    def __post_init__(self) -> None:
+        self.choice("base", BASES)
+        if self.base_options is not None and not isinstance(self.base_options, Mapping):
+            raise ValueError(
+                f"progress_gpo: option 'base_options' must be a dict, "
+                f"got {type(self.base_options).__name__}"
+            )
+        known = BASES[self.base].options.names()
+        for name in sorted(self.base_options or {}):
+            if name not in known:
+                raise ValueError(
+                    f"progress_gpo: unknown base option {name!r} for base {self.base!r}; "
+                    f"options: {', '.join(sorted(known))}"
+                )
+        self.number("lam")
+        self.flag("scale_by_fail_share")
+        self.choice("combine", COMBINES, want="'replace' or 'add'")
+        self.number("eps", low=0, low_open=True)
+        self.base_estimator  # noqa: B018 - builds the base's options: their errors come now
+
+    @cached_property
+    def base_estimator(self) -> tuple[Callable[..., Any], Options]:
+        """The base estimator function and its built options (from :data:`BASES`)."""
+        base = BASES[self.base]
+        return base.estimator, base.options.from_kwargs(dict(self.base_options or {}))
 
 
 def first_visit_coverage(table: StepTable) -> np.ndarray:
@@ -76,24 +129,12 @@ def first_visit_coverage(table: StepTable) -> np.ndarray:
 
 
 def progress_gpo(
-    table: StepTable,
-    *,
-    base: str = "grpo",
-    base_options: Mapping[str, Any] | None = None,
-    lam: float = 1.0,
-    scale_by_fail_share: bool = False,
-    combine: str = "replace",
-    eps: float = EPS,
+    table: StepTable, options: ProgressGpoOptions | None = None, **kwargs: Any
 ) -> tuple[np.ndarray, dict[str, float]]:
     """Coverage advantage in all-fail groups, the ``base`` estimator's advantage elsewhere."""
-    fn, base_options = _base(base, base_options)
-    if not (isinstance(lam, (int, float)) and not isinstance(lam, bool) and math.isfinite(lam)):
-        raise ValueError(f"progress_gpo: option 'lam' must be a finite number, got {lam!r}")
-    if combine not in COMBINES:
-        raise ValueError(
-            f"progress_gpo: option 'combine' must be 'replace' or 'add', got {combine!r}"
-        )
-    adv, base_stats = fn(table, **base_options)
+    o = options if options is not None else ProgressGpoOptions.from_kwargs(kwargs)
+    fn, base_options = o.base_estimator
+    adv, base_stats = fn(table, base_options)
     adv = np.asarray(adv, dtype=np.float64)
     stats = {f"base_{k}": v for k, v in base_stats.items()}
     if len(table) == 0:
@@ -101,57 +142,30 @@ def progress_gpo(
     g = codes(table.group)
     n_groups = int(g.max()) + 1
     all_fail = np.bincount(g, weights=table.success, minlength=n_groups) == 0
-    fail_row = all_fail[g]
-    # trajectory-level z-score of the coverage inside each all-fail group
+    # trajectory-level z-score of the coverage inside each all-fail group; a group whose
+    # coverage does not vary (or with one trajectory) gets 0
     cover = first_visit_coverage(table)
-    t = codes(table.traj)
-    head = np.zeros(int(t.max()) + 1, dtype=np.int64)
-    head[t] = np.arange(len(t))
-    mean_t, std_t, n_t = group_stats(cover[head], g[head])
-    mean, std, n_traj = (np.zeros(n_groups) for _ in range(3))
-    mean[g[head]], std[g[head]], n_traj[g[head]] = mean_t, std_t, n_t
-    spread = (std > 0) & (n_traj > 1)  # zero variance (or one trajectory) -> 0
-    z = np.where(spread[g], (cover - mean[g]) / (std[g] + eps), 0.0)
+    view = trajectory_view(table)
+    cover_traj, g_traj = cover[view.head], g[view.head]
+    z = normalise(cover_traj, g_traj, mode="mean_std_norm", eps=o.eps)[view.traj]
+    _, std_t, n_t = group_stats(cover_traj, g_traj)
+    spread = np.zeros(n_groups, dtype=bool)
+    spread[g_traj] = (std_t > 0) & (n_t > 1)
     fail_share = float(all_fail.mean())
-    lam_eff = lam * fail_share if scale_by_fail_share else lam
+    lam_eff = o.lam * fail_share if o.scale_by_fail_share else o.lam
     progress = lam_eff * z
-    adv = np.where(fail_row, progress + (adv if combine == "add" else 0.0), adv)
-    fail_traj = all_fail[g[head]]
+    adv = np.where(all_fail[g], progress + (adv if o.combine == "add" else 0.0), adv)
+    fail_traj = all_fail[g_traj]
     stats.update(
         {
             "groups": float(n_groups),
             "groups_all_fail": float(all_fail.sum()),
             "groups_coverage_used": float((all_fail & spread).sum()),
-            "coverage_mean_all_fail": float(cover[head][fail_traj].mean())
+            "coverage_mean_all_fail": float(cover_traj[fail_traj].mean())
             if fail_traj.any()
             else 0.0,
-            "coverage_mean": float(cover[head].mean()),
+            "coverage_mean": float(cover_traj.mean()),
             "lam_effective": float(lam_eff),
         }
     )
     return adv, stats
-
-
-def _base(name: object, options: Mapping[str, Any] | None) -> tuple[Any, dict[str, Any]]:
-    """The base estimator function (imported lazily) and its validated options."""
-    if name not in BASES:
-        raise ValueError(
-            f"progress_gpo: option 'base' must be one of {', '.join(map(repr, BASES))}, got {name!r}"
-        )
-    if options is None:
-        options = {}
-    if not isinstance(options, Mapping):
-        raise ValueError(
-            f"progress_gpo: option 'base_options' must be a dict, got {type(options).__name__}"
-        )
-    fn = getattr(importlib.import_module(BASES[name]), name)
-    params = inspect.signature(fn).parameters
-    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        allowed = {k for k, p in params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY}
-        unknown = sorted(set(options) - allowed)
-        if unknown:
-            raise ValueError(
-                f"progress_gpo: unknown base option {unknown[0]!r} for base {name!r}; "
-                f"options: {', '.join(sorted(allowed))}"
-            )
-    return fn, dict(options)

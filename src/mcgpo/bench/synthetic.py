@@ -20,6 +20,28 @@ from mcgpo.steps import StepTable
 
 __all__ = ["synthetic_table"]
 
+COLUMNS = (
+    "group",
+    "traj",
+    "slot",
+    "turn",
+    "reward",
+    "done",
+    "success",
+    "score",
+    "action",
+    "action_valid",
+    "anchor",
+    "next_anchor",
+    "state",
+    "state_coarse",
+    "progress",
+    "enabled",
+    "progress_value",
+    "next_progress_value",
+    "task_type",
+)
+
 
 def synthetic_table(
     groups: int = 16,
@@ -40,30 +62,7 @@ def synthetic_table(
     batches of a known size.
     """
     rng = np.random.default_rng(seed)
-    cols: dict[str, list] = {
-        k: []
-        for k in (
-            "group",
-            "traj",
-            "slot",
-            "turn",
-            "reward",
-            "done",
-            "success",
-            "score",
-            "action",
-            "action_valid",
-            "anchor",
-            "next_anchor",
-            "state",
-            "state_coarse",
-            "progress",
-            "enabled",
-            "progress_value",
-            "next_progress_value",
-            "task_type",
-        )
-    }
+    cols: dict[str, list] = {k: [] for k in COLUMNS}
     traj_id = 0
     for g in range(groups):
         # transitions[s, a] -> next state; the goal is reachable but rarely hit at random
@@ -73,40 +72,66 @@ def synthetic_table(
         stage = rng.integers(0, 4, size=n_states)  # rubric stage of each state (0..3)
         start = int(rng.integers(0, n_states - 1))
         for slot in range(group_size):
-            s = start
-            rows = []
-            won = False
-            for t in range(turns):
-                a = int(rng.integers(0, n_actions))
-                valid = bool(rng.random() >= p_invalid)
-                s_next = int(transitions[s, a]) if valid else s
-                rows.append((t, s, a, valid, s_next))
-                s = s_next
-                won = won or s == goal
-                if s == goal and not full_length:
-                    break
-            for t, s0, a, valid, s1 in rows:
-                last = t == len(rows) - 1
-                cols["group"].append(g)
-                cols["traj"].append(traj_id)
-                cols["slot"].append(slot)
-                cols["turn"].append(t)
-                cols["reward"].append(10.0 if (last and won) else 0.0)
-                cols["done"].append(last)
-                cols["success"].append(1.0 if won else 0.0)
-                cols["score"].append(1.0 if won else 0.0)
-                cols["action"].append(f"go to cabinet {a + 1}")
-                cols["action_valid"].append(valid)
-                cols["anchor"].append(f"g{g} room {s0}")
+            steps, won = _walk(rng, start, transitions, goal, turns, p_invalid, full_length)
+            for t, s0, a, valid, s1 in steps:
+                last = t == len(steps) - 1
                 terminal = s1 == goal and not full_length
-                cols["next_anchor"].append("success" if terminal else f"g{g} room {s1}")
-                cols["state"].append(f"at cabinet {s0 % 7 + 1}; holding mug {s0 % 3 + 1}")
-                cols["state_coarse"].append(f"at cabinet; holding mug {s0 % 2}")
-                k = int(stage[s0])
-                cols["progress"].append(",".join(["found", "held", "heated"][:k]))
-                cols["enabled"].append(["find", "take", "heat", "place"][k])
-                cols["progress_value"].append(k / 4)
-                cols["next_progress_value"].append(1.0 if (last and won) else stage[s1] / 4)
-                cols["task_type"].append("pick_heat_then_place_in_recep")
+                row = {"group": g, "traj": traj_id, "slot": slot, "turn": t, "done": last}
+                row.update(_outcome(won, last))
+                row.update(_context(g, s0, s1, a, valid, terminal, int(stage[s0])))
+                row["next_progress_value"] = 1.0 if (last and won) else stage[s1] / 4
+                for key, value in row.items():
+                    cols[key].append(value)
             traj_id += 1
     return StepTable.from_columns(cols)
+
+
+def _walk(
+    rng: np.random.Generator,
+    start: int,
+    transitions: np.ndarray,
+    goal: int,
+    turns: int,
+    p_invalid: float,
+    full_length: bool,
+) -> tuple[list[tuple[int, int, int, bool, int]], bool]:
+    """One random walk: (turn, state, action, valid, next state) per step, and whether the
+    goal was visited. An invalid action leaves the state unchanged."""
+    s, steps, won = start, [], False
+    for t in range(turns):
+        a = int(rng.integers(0, transitions.shape[1]))
+        valid = bool(rng.random() >= p_invalid)
+        s_next = int(transitions[s, a]) if valid else s
+        steps.append((t, s, a, valid, s_next))
+        s = s_next
+        won = won or s == goal
+        if s == goal and not full_length:
+            break
+    return steps, won
+
+
+def _outcome(won: bool, last: bool) -> dict[str, object]:
+    """Reward, success and score of a row: 10 at the last turn of a won trajectory."""
+    return {
+        "reward": 10.0 if (last and won) else 0.0,
+        "success": 1.0 if won else 0.0,
+        "score": 1.0 if won else 0.0,
+    }
+
+
+def _context(
+    g: int, s0: int, s1: int, a: int, valid: bool, terminal: bool, k: int
+) -> dict[str, object]:
+    """The text and context fields of a row in state ``s0`` taking action ``a``."""
+    return {
+        "action": f"go to cabinet {a + 1}",
+        "action_valid": valid,
+        "anchor": f"g{g} room {s0}",
+        "next_anchor": "success" if terminal else f"g{g} room {s1}",
+        "state": f"at cabinet {s0 % 7 + 1}; holding mug {s0 % 3 + 1}",
+        "state_coarse": f"at cabinet; holding mug {s0 % 2}",
+        "progress": ",".join(["found", "held", "heated"][:k]),
+        "enabled": ["find", "take", "heat", "place"][k],
+        "progress_value": k / 4,
+        "task_type": "pick_heat_then_place_in_recep",
+    }

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from mcgpo.preferences.allocation import allocate
-from mcgpo.preferences.matching import decisions, level_keys, level_pairs
+from mcgpo.preferences.matching import Decisions, decisions, level_keys, level_pairs
 from mcgpo.preferences.options import PreferenceOptions
 from mcgpo.steps import StepTable
 
@@ -59,91 +59,57 @@ class Preferences:
         return len(self.plus)
 
 
-def build_preferences(table: StepTable, **options: Any) -> Preferences:
+@dataclass(frozen=True)
+class _Candidates:
+    """Candidate pairs of every rule level, stacked (level 0 = exact first). Shape ``[C]``."""
+
+    a: np.ndarray  # int64  decision (index into Decisions) of the lower-slot trajectory
+    b: np.ndarray  # int64  decision of the higher-slot trajectory
+    level: np.ndarray  # int64  index into level_names of the rule that matched the pair
+    support_a: np.ndarray  # int64  |S(g, a_a)| under that rule
+    support_b: np.ndarray  # int64  |S(g, a_b)|
+    gap: np.ndarray  # float64  u(g, a_a) - u(g, a_b), either sign
+    level_names: list[str]  # [L] "exact", "coarse"
+
+
+def build_preferences(
+    table: StepTable, options: PreferenceOptions | None = None, **kwargs: Any
+) -> Preferences:
     """MCGPO matched-context preferences from the sibling rollouts in ``table``.
 
-    Options (keyword-only; defaults and meaning in :class:`PreferenceOptions` and
-    docs/algorithms/mcgpo.md): ``group_size=8, fold_split=None (N/2), min_support=1,
-    epsilon=0.25, kappa=0.0, q_exact=1.0, q_coarse=1.0, max_per_fold=2,
-    evidence="opposite_fold" | "same_fold" | "pooled", weighting="evidence" | "uniform",
-    matching="joint" | "state_only" | "rubric_only"``.
-
-    Pure and deterministic: the set of preferences does not depend on row order.
+    Options: a :class:`PreferenceOptions` or its fields as keywords (defaults, reasons and
+    checks there; meaning in docs/algorithms/mcgpo.md). Pure and deterministic: the set of
+    preferences does not depend on row order.
     """
     if not isinstance(table, StepTable):
         raise TypeError(f"build_preferences expects a StepTable, got {type(table).__name__}")
-    opts = PreferenceOptions.from_kwargs(options)
+    opts = options if options is not None else PreferenceOptions.from_kwargs(kwargs)
     dec = decisions(table, opts)
-    n_dec = len(dec.row)
-    q_level = {"exact": opts.q_exact, "coarse": opts.q_coarse}
-
-    # match: candidate pairs of every level, stacked (level 0 = exact is tried first)
-    keys = level_keys(table, dec, opts.matching)
-    level_names = [name for name, _ in keys]
-    parts = [level_pairs(dec, key, opts.evidence) for _, key in keys]
-    a = np.concatenate([p.a for p in parts])
-    b = np.concatenate([p.b for p in parts])
-    lvl = np.concatenate([np.full(len(p.a), i, dtype=np.int64) for i, p in enumerate(parts)])
-    sup_a = np.concatenate([p.support_a for p in parts])
-    sup_b = np.concatenate([p.support_b for p in parts])
-    gap = np.concatenate([p.value_a - p.value_b for p in parts])
-    supported = (sup_a >= opts.min_support) & (sup_b >= opts.min_support)
-
-    # resolve: per row pair, the first supported level; unsupported at every level -> drop
-    pair_id = a * max(n_dec, 1) + b
-    order = np.lexsort((lvl, ~supported, pair_id))
-    head = np.ones(len(order), dtype=bool)
-    head[1:] = pair_id[order][1:] != pair_id[order][:-1]
-    chosen = order[head]
-    n_candidates = len(chosen)
-    chosen = chosen[supported[chosen]]
-    n_no_support = n_candidates - len(chosen)
-
-    # label: orientation by the gap; |Delta_u| >= epsilon (the level is already fixed)
-    big = (np.abs(gap[chosen]) >= opts.epsilon - _GAP_TOL) & (gap[chosen] != 0)
-    n_below = int((~big).sum())
-    q = chosen[big]
-
-    # allocate: earliest per sibling pair, cap per fold, rows once
-    kept = q[
-        allocate(
-            dec.group[a[q]],
-            dec.fold[a[q]],
-            dec.slot[a[q]],
-            dec.slot[b[q]],
-            dec.turn[a[q]],
-            dec.turn[b[q]],
-            a[q],
-            b[q],
-            opts.max_per_fold,
-        )
-    ]
-    a_wins = gap[kept] > 0
-    plus = np.where(a_wins, a[kept], b[kept])
-    minus = np.where(a_wins, b[kept], a[kept])
-    n_min = np.minimum(sup_a[kept], sup_b[kept])
-    level = np.array([level_names[i] for i in lvl[kept]], dtype=object)
-    q_factor = np.array([q_level[name] for name in level], dtype=np.float64)
-    if opts.weighting == "evidence":
-        weight = np.abs(gap[kept]) * n_min / (n_min + opts.kappa) * q_factor
-    else:
-        weight = q_factor
-    in_pair = np.zeros(n_dec, dtype=bool)
-    in_pair[a] = in_pair[b] = True
-
+    cand = _match(table, dec, opts)
+    resolved, n_candidates = _resolve(cand, len(dec.row), opts.min_support)
+    labelled = _label(cand.gap, resolved, opts.epsilon)
+    kept = labelled[_allocate(dec, cand, labelled, opts.max_per_fold)]
+    a_wins = cand.gap[kept] > 0
+    plus = np.where(a_wins, cand.a[kept], cand.b[kept])
+    minus = np.where(a_wins, cand.b[kept], cand.a[kept])
+    support = np.minimum(cand.support_a[kept], cand.support_b[kept])
+    level = np.array([cand.level_names[i] for i in cand.level[kept]], dtype=object)
+    weight = _weigh(np.abs(cand.gap[kept]), support, level, opts)
+    in_pair = np.zeros(len(dec.row), dtype=bool)
+    in_pair[cand.a] = in_pair[cand.b] = True
     prefs_group = table.group[dec.row[plus]]
     stats = _stats(
         table,
         prefs_group=prefs_group,
         level=level,
         weight=weight,
-        gap=np.abs(gap[kept]),
-        rows_eligible=n_dec,
+        gap=np.abs(cand.gap[kept]),
+        rows_eligible=len(dec.row),
         rows_unmatched=int((~in_pair).sum()),
         candidates=n_candidates,
-        no_support=n_no_support,
-        below_epsilon=n_below,
-        allocation=len(q) - len(kept),
+        no_support=n_candidates - len(resolved),
+        below_epsilon=len(resolved) - len(labelled),
+        allocation=len(labelled) - len(kept),
     )
     return Preferences(
         plus=dec.row[plus],
@@ -151,11 +117,77 @@ def build_preferences(table: StepTable, **options: Any) -> Preferences:
         weight=weight.astype(np.float64),
         level=level,
         group=prefs_group,
-        fold=dec.fold[a[kept]],
-        gap=np.abs(gap[kept]),
-        support=n_min.astype(np.int64),
+        fold=dec.fold[cand.a[kept]],
+        gap=np.abs(cand.gap[kept]),
+        support=support.astype(np.int64),
         stats=stats,
     )
+
+
+def _match(table: StepTable, dec: Decisions, opts: PreferenceOptions) -> _Candidates:
+    """Candidate pairs of every rule level with their evidence, stacked in level order."""
+    keys = level_keys(table, dec, opts.matching)
+    parts = [level_pairs(dec, key, opts.evidence) for _, key in keys]
+    return _Candidates(
+        a=np.concatenate([p.a for p in parts]),
+        b=np.concatenate([p.b for p in parts]),
+        level=np.concatenate([np.full(len(p.a), i, dtype=np.int64) for i, p in enumerate(parts)]),
+        support_a=np.concatenate([p.support_a for p in parts]),
+        support_b=np.concatenate([p.support_b for p in parts]),
+        gap=np.concatenate([p.value_a - p.value_b for p in parts]),
+        level_names=[name for name, _ in keys],
+    )
+
+
+def _resolve(cand: _Candidates, n_decisions: int, min_support: int) -> tuple[np.ndarray, int]:
+    """Per row pair, the first level where both actions have ``min_support`` evidence.
+
+    Returns the indices of the resolved candidates and the number of distinct row pairs;
+    a pair unsupported at every level is dropped.
+    """
+    supported = (cand.support_a >= min_support) & (cand.support_b >= min_support)
+    pair_id = cand.a * max(n_decisions, 1) + cand.b
+    order = np.lexsort((cand.level, ~supported, pair_id))
+    first_of_pair = np.ones(len(order), dtype=bool)
+    first_of_pair[1:] = pair_id[order][1:] != pair_id[order][:-1]
+    per_pair = order[first_of_pair]
+    return per_pair[supported[per_pair]], len(per_pair)
+
+
+def _label(gap: np.ndarray, resolved: np.ndarray, epsilon: float) -> np.ndarray:
+    """The resolved candidates whose gap has a direction and |Delta_u| >= epsilon (the level
+    is already fixed, so the gap cannot pick it)."""
+    wide = (np.abs(gap[resolved]) >= epsilon - _GAP_TOL) & (gap[resolved] != 0)
+    return resolved[wide]
+
+
+def _allocate(
+    dec: Decisions, cand: _Candidates, labelled: np.ndarray, max_per_fold: int | None
+) -> np.ndarray:
+    """Positions in ``labelled`` kept by earliest-per-sibling-pair, the cap and row-once."""
+    a, b = cand.a[labelled], cand.b[labelled]
+    return allocate(
+        dec.group[a],
+        dec.fold[a],
+        dec.slot[a],
+        dec.slot[b],
+        dec.turn[a],
+        dec.turn[b],
+        a,
+        b,
+        max_per_fold,
+    )
+
+
+def _weigh(
+    gap: np.ndarray, support: np.ndarray, level: np.ndarray, opts: PreferenceOptions
+) -> np.ndarray:
+    """c = |Delta_u| * n / (n + kappa) * q_level ("evidence"), or q_level ("uniform")."""
+    q_of_level = {"exact": opts.q_exact, "coarse": opts.q_coarse}
+    q_level = np.array([q_of_level[name] for name in level], dtype=np.float64)
+    if opts.weighting == "evidence":
+        return gap * support / (support + opts.kappa) * q_level
+    return q_level
 
 
 def _stats(

@@ -1,8 +1,8 @@
 """Context keys, first visits, fold evidence and candidate pairs (MCGPO steps 1-2).
 
 Everything here works on the *decision rows*: rows of non-errored trajectories whose action
-was valid (the "eligible" visits). Integer codes are ranks of the sorted distinct values,
-so no result depends on row order. Shapes: ``[E]`` = one entry per decision row,
+was valid (the "eligible" visits). Integer codes are ranks of the sorted distinct values
+(:mod:`mcgpo.grouping`), so no result depends on row order. Shapes: ``[E]`` = one entry per decision row,
 ``[P]`` = one entry per candidate pair of one rule level.
 """
 
@@ -12,32 +12,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from mcgpo.grouping import combine_codes, value_codes
 from mcgpo.preferences.options import PreferenceOptions
 from mcgpo.steps import StepTable
 
-__all__ = ["Decisions", "LevelPairs", "decisions", "level_keys", "level_pairs", "value_codes"]
-
-
-def value_codes(col: np.ndarray) -> np.ndarray:
-    """Rank code per entry of a string column: hashing for speed, then ranks of the values.
-
-    Equal values get equal codes and the codes depend only on the set of values, never on
-    their order (the dict pass alone would number values by first appearance).
-    """
-    seen: dict[str, int] = {}
-    first = np.fromiter((seen.setdefault(v, len(seen)) for v in col), np.int64, len(col))
-    rank = np.empty(len(seen), dtype=np.int64)
-    rank[np.argsort(np.array(list(seen), dtype=object), kind="stable")] = np.arange(len(seen))
-    return rank[first]
-
-
-def _combine(*columns: np.ndarray) -> np.ndarray:
-    """One dense rank code per row for a combination of integer code columns."""
-    out = columns[0]
-    for col in columns[1:]:
-        out = out * (int(col.max(initial=0)) + 1) + col
-        out = np.unique(out, return_inverse=True)[1].reshape(-1)
-    return out
+__all__ = ["Decisions", "LevelPairs", "decisions", "level_keys", "level_pairs"]
 
 
 @dataclass(frozen=True)
@@ -68,11 +47,11 @@ def decisions(table: StepTable, opts: PreferenceOptions) -> Decisions:
     slot = table.slot[row]
     return Decisions(
         row=row,
-        group=np.unique(table.group[row], return_inverse=True)[1].reshape(-1),
+        group=value_codes(table.group[row]),
         fold=(slot >= opts.split).astype(np.int64),
         slot=slot,
         turn=table.turn[row],
-        traj=np.unique(table.traj[row], return_inverse=True)[1].reshape(-1),
+        traj=value_codes(table.traj[row]),
         action=value_codes(table.action[row]),
         success=table.success[row],
     )
@@ -88,11 +67,11 @@ def level_keys(table: StepTable, dec: Decisions, matching: str) -> list[tuple[st
     rows = dec.row
     rubric = [value_codes(table.progress[rows]), value_codes(table.enabled[rows])]
     if matching == "rubric_only":
-        return [("exact", _combine(dec.group, *rubric))]
+        return [("exact", combine_codes(dec.group, *rubric))]
     extra = rubric if matching == "joint" else []
     return [
-        ("exact", _combine(dec.group, value_codes(table.state[rows]), *extra)),
-        ("coarse", _combine(dec.group, value_codes(table.state_coarse[rows]), *extra)),
+        ("exact", combine_codes(dec.group, value_codes(table.state[rows]), *extra)),
+        ("coarse", combine_codes(dec.group, value_codes(table.state_coarse[rows]), *extra)),
     ]
 
 
@@ -121,42 +100,44 @@ def level_pairs(dec: Decisions, key: np.ndarray, evidence: str) -> LevelPairs:
 
     # evidence: per (key, action, fold) count of first visits and their successes
     k, act, fold = key[visits], dec.action[visits], dec.fold[visits]
-    ka = _combine(k, act) if len(visits) else np.zeros(0, dtype=np.int64)
-    n_ka = int(ka.max(initial=-1)) + 1
-    cell = ka * 2 + fold
-    count = np.bincount(cell, minlength=2 * n_ka).reshape(n_ka, 2)
-    wins = np.bincount(cell, weights=dec.success[visits], minlength=2 * n_ka).reshape(n_ka, 2)
+    key_action = combine_codes(k, act)  # one code per (key, action) of a first visit
+    n_key_action = int(key_action.max(initial=-1)) + 1
+    key_action_fold = key_action * 2 + fold
+    count = np.bincount(key_action_fold, minlength=2 * n_key_action).reshape(n_key_action, 2)
+    wins = np.bincount(
+        key_action_fold, weights=dec.success[visits], minlength=2 * n_key_action
+    ).reshape(n_key_action, 2)
 
     # candidate pairs: two first visits of one key by trajectories of the same fold that took
     # different actions. Sorted by (key, fold, slot), bucket members are consecutive, so
     # pairs are found by comparing each position with the ones d places further on.
-    srt = np.lexsort((dec.slot[visits], fold, k))
-    pos_i, pos_j = [], []
-    for d in range(1, len(srt)):
-        i, j = srt[:-d], srt[d:]
+    by_bucket = np.lexsort((dec.slot[visits], fold, k))
+    first, second = [], []
+    for d in range(1, len(by_bucket)):
+        i, j = by_bucket[:-d], by_bucket[d:]
         same = (k[i] == k[j]) & (fold[i] == fold[j])
         if not same.any():
             break
         keep = same & (act[i] != act[j])
-        pos_i.append(i[keep])
-        pos_j.append(j[keep])
-    pi = np.concatenate(pos_i) if pos_i else np.zeros(0, dtype=np.int64)
-    pj = np.concatenate(pos_j) if pos_j else np.zeros(0, dtype=np.int64)
+        first.append(i[keep])
+        second.append(j[keep])
+    low = np.concatenate(first) if first else np.zeros(0, dtype=np.int64)  # lower slot
+    high = np.concatenate(second) if second else np.zeros(0, dtype=np.int64)  # higher slot
 
-    f = fold[pi]
+    f, cell_low, cell_high = fold[low], key_action[low], key_action[high]
     if evidence == "opposite_fold":  # cross-fitted: the other fold labels this one
         cnt, win = count[:, ::-1], wins[:, ::-1]
-        cnt_a, win_a = cnt[ka[pi], f], win[ka[pi], f]
-        cnt_b, win_b = cnt[ka[pj], f], win[ka[pj], f]
+        cnt_a, win_a = cnt[cell_low, f], win[cell_low, f]
+        cnt_b, win_b = cnt[cell_high, f], win[cell_high, f]
     elif evidence == "same_fold":  # in-sample control: the candidates' own fold
-        cnt_a, win_a = count[ka[pi], f], wins[ka[pi], f]
-        cnt_b, win_b = count[ka[pj], f], wins[ka[pj], f]
+        cnt_a, win_a = count[cell_low, f], wins[cell_low, f]
+        cnt_b, win_b = count[cell_high, f], wins[cell_high, f]
     else:  # pooled: every trajectory of the group
-        cnt_a, win_a = count[ka[pi]].sum(1), wins[ka[pi]].sum(1)
-        cnt_b, win_b = count[ka[pj]].sum(1), wins[ka[pj]].sum(1)
+        cnt_a, win_a = count[cell_low].sum(1), wins[cell_low].sum(1)
+        cnt_b, win_b = count[cell_high].sum(1), wins[cell_high].sum(1)
     return LevelPairs(
-        a=visits[pi],
-        b=visits[pj],
+        a=visits[low],
+        b=visits[high],
         support_a=cnt_a,
         support_b=cnt_b,
         value_a=win_a / np.maximum(cnt_a, 1),

@@ -2,15 +2,15 @@
 
 The paper's values of kappa, epsilon, q_level and lambda_pair (its Appendix A / Table 6) are
 not available; the defaults below are this library's choices, argued in
-docs/algorithms/mcgpo.md ("Hyper-parameters"). ``lambda_pair`` belongs to the loss and lives
-in :mod:`mcgpo.objectives` (``LAMBDA_PAIR``).
+docs/algorithms/mcgpo.md ("Hyper-parameters"). ``lambda_pair`` belongs to the loss: its default
+is ``algo.lambda_pair`` in :mod:`mcgpo.training.config` (``LAMBDA_PAIR``).
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, fields
-from typing import Any
+from dataclasses import dataclass
+
+from mcgpo.options import Options, is_int, option
 
 __all__ = ["EVIDENCE_MODES", "MATCHING_MODES", "WEIGHTING_MODES", "PreferenceOptions"]
 
@@ -20,53 +20,36 @@ MATCHING_MODES = ("joint", "state_only", "rubric_only")
 
 
 @dataclass(frozen=True)
-class PreferenceOptions:
+class PreferenceOptions(Options):
     """Every option of :func:`mcgpo.build_preferences`; validated on construction."""
 
-    group_size: int = 8  # N: rollouts per group (even); slots are 0..N-1
-    fold_split: int | None = None  # slots < fold_split form fold 0; None -> N / 2
-    min_support: int = 1  # m: evidence trajectories each action needs
-    epsilon: float = 0.25  # keep a pair only if |Delta_u| >= epsilon
-    kappa: float = 0.0  # shrinkage prior count in n / (n + kappa); swept (docs/results §3)
-    q_exact: float = 1.0  # q_level for pairs resolved by the exact rule
-    q_coarse: float = 1.0  # q_level for pairs resolved by the coarse rule; swept
-    max_per_fold: int | None = 2  # preferences kept per fold; None = no cap
-    evidence: str = "opposite_fold"  # which trajectories label a fold's pairs
-    weighting: str = "evidence"  # c = |Delta_u| n/(n+kappa) q_level, or "uniform": c = q_level
-    matching: str = "joint"  # context key: (h, C, F), (h,) or (C, F)
+    OWNER = "build_preferences"
+    LABEL = "{owner}: {name!r}"
+    UNKNOWN = "{owner}: unknown option {name!r}; options: {known}"
+
+    group_size: int = option(8, "N: rollouts per group, the recipes' 8 (even; slots 0..N-1)")
+    fold_split: int | None = option(None, "slots below it form fold 0; None: N / 2, equal folds")
+    min_support: int = option(1, "m: evidence trajectories each action needs; 1 keeps coverage")
+    epsilon: float = option(0.25, "keep a pair only if |Delta_u| >= epsilon: one success in four")
+    kappa: float = option(0.0, "prior count in n / (n + kappa); 0 won the sweep (docs/results §3)")
+    q_exact: float = option(1.0, "q_level of pairs the exact rule resolves")
+    q_coarse: float = option(1.0, "q_level of pairs the coarse rule resolves; 1.0 won the sweep")
+    max_per_fold: int | None = option(2, "preferences kept per fold (the seed's two); None: no cap")
+    evidence: str = option("opposite_fold", "the other fold labels a fold's pairs (cross-fitting)")
+    weighting: str = option("evidence", "c = |Delta_u| n/(n+kappa) q_level; uniform: c = q_level")
+    matching: str = option("joint", "context key (h, C, F); state_only: (h,), rubric_only: (C, F)")
 
     def __post_init__(self) -> None:
         n = self.group_size
-        if not _is_int(n) or n < 2 or n % 2:
-            raise ValueError(
-                f"build_preferences: 'group_size' must be an even integer >= 2, got {n!r}"
-            )
-        split = self.fold_split
-        if split is not None and (not _is_int(split) or not 1 <= split <= n - 1):
-            raise ValueError(
-                f"build_preferences: 'fold_split' must be an integer in [1, {n - 1}] "
-                f"(group_size {n}), got {split!r}"
-            )
-        if not _is_int(self.min_support) or self.min_support < 1:
-            raise ValueError(
-                f"build_preferences: 'min_support' must be an integer >= 1, got {self.min_support!r}"
-            )
+        if not (is_int(n) and n >= 2 and n % 2 == 0):
+            self.fail("group_size", "an even integer >= 2")
+        want = f"an integer in [1, {n - 1}] (group_size {n})"
+        self.integer("fold_split", low=1, high=n - 1, none_ok=True, want=want)
+        self.integer("min_support", low=1)
         for name in ("epsilon", "kappa", "q_exact", "q_coarse"):
-            value = getattr(self, name)
-            if not _is_number(value) or value < 0:
-                raise ValueError(
-                    f"build_preferences: {name!r} must be a finite number >= 0, got {value!r}"
-                )
-        if self.epsilon > 1:
-            raise ValueError(
-                "build_preferences: 'epsilon' must be <= 1 (success gaps lie in [0, 1]), "
-                f"got {self.epsilon!r}"
-            )
-        cap = self.max_per_fold
-        if cap is not None and (not _is_int(cap) or cap < 1):
-            raise ValueError(
-                f"build_preferences: 'max_per_fold' must be an integer >= 1 or None, got {cap!r}"
-            )
+            self.number(name, low=0)
+        self.number("epsilon", high=1, want="<= 1 (success gaps lie in [0, 1])")
+        self.integer("max_per_fold", low=1, none_ok=True)
         for name, allowed in (
             ("evidence", EVIDENCE_MODES),
             ("weighting", WEIGHTING_MODES),
@@ -83,26 +66,3 @@ class PreferenceOptions:
     def split(self) -> int:
         """Number of slots in fold 0 (slots ``< split``); fold 1 holds the rest."""
         return self.group_size // 2 if self.fold_split is None else self.fold_split
-
-    @classmethod
-    def from_kwargs(cls, options: dict[str, Any]) -> PreferenceOptions:
-        """Build from keyword options; an unknown name is a one-line ValueError."""
-        known = [f.name for f in fields(cls)]
-        for name in options:
-            if name not in known:
-                raise ValueError(
-                    f"build_preferences: unknown option {name!r}; options: {', '.join(known)}"
-                )
-        return cls(**options)
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: object) -> bool:
-    return (
-        isinstance(value, (int, float))
-        and not isinstance(value, bool)
-        and math.isfinite(float(value))
-    )

@@ -15,16 +15,18 @@ preferences) from the StepTable alone. It is pure: no randomness, no tokens.
 from __future__ import annotations
 
 import dataclasses
-import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from mcgpo.advantages import ESTIMATORS, estimate
+from mcgpo.advantages import ESTIMATOR_OPTIONS, ESTIMATORS, estimate
+from mcgpo.options import Options, parse_text
+from mcgpo.preferences import PreferenceOptions, build_preferences
+from mcgpo.shaping import shape_rewards
 from mcgpo.steps import StepTable
-from mcgpo.training.config import AlgoConfig, ConfigError, coerce, parse_scalar
+from mcgpo.training.config import AlgoConfig, ConfigError
 
 __all__ = [
     "ALGORITHMS",
@@ -62,109 +64,60 @@ class Credit:
     stats: dict[str, float]
 
 
-def _signature_options(fn: Callable[..., Any]) -> dict[str, Any] | None:
-    """Keyword-only options with defaults, or None when ``fn`` takes ``**options``."""
-    params = inspect.signature(fn).parameters
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        return None
-    return {k: p.default for k, p in params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY}
-
-
-def _preference_builder() -> Callable[..., Any]:
-    from mcgpo.preferences import build_preferences
-
-    return build_preferences
-
-
-def _preference_defaults() -> dict[str, Any] | None:
-    """build_preferences' options: its options dataclass when it has one, else its signature."""
-    import mcgpo.preferences as preferences
-
-    options_cls = getattr(preferences, "PreferenceOptions", None)
-    if options_cls is not None and dataclasses.is_dataclass(options_cls):
-        return {f.name: f.default for f in dataclasses.fields(options_cls)}
-    return _signature_options(preferences.build_preferences)
-
-
-def _resolve_options(
-    given: Mapping[str, Any], defaults: dict[str, Any] | None, flag: str, owner: str
-) -> dict[str, Any]:
-    """Check option names and types against a signature; fill in the defaults."""
-    if defaults is None:  # the function accepts anything: pass the options through
-        return {k: parse_scalar(v) if isinstance(v, str) else v for k, v in given.items()}
-    out = dict(defaults)
-    for key, value in given.items():
-        if key not in defaults:
-            known = ", ".join(sorted(defaults)) or "none"
-            raise ConfigError(f"unknown option {flag}.{key} for {owner}; options: {known}")
-        default, parsed = defaults[key], parse_scalar(value) if isinstance(value, str) else value
-        if isinstance(value, str) and value.strip().lower() == "none":
-            out[key] = None  # options such as max_per_fold accept None; the owner checks
-        elif isinstance(default, str):
-            out[key] = coerce(f"{flag}.{key}", value, str)
-        elif isinstance(default, bool):
-            out[key] = coerce(f"{flag}.{key}", parsed, bool)
-        elif isinstance(default, (int, float)):
-            # an int default of a real-valued option (omega = 1) still takes 0.2
-            whole = isinstance(default, int) and isinstance(parsed, int)
-            out[key] = coerce(f"{flag}.{key}", parsed, int if whole else float)
-        else:  # None or another type: take the value as written
-            out[key] = parsed
-    return out
-
-
-def algorithm_options(name: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(estimator options, preference options) of an algorithm with their defaults."""
+def algorithm_options(name: str) -> tuple[type[Options], type[PreferenceOptions] | None]:
+    """(estimator options class, preference options class or None) of an algorithm: their
+    fields carry each default and its reason (the CLI's ``--help`` lists them)."""
     spec = ALGORITHMS[name]
-    options = _signature_options(ESTIMATORS[spec.estimator]) or {}
-    pairs = (_preference_defaults() or {}) if spec.pairs else {}
-    return options, pairs
+    return ESTIMATOR_OPTIONS[spec.estimator], PreferenceOptions if spec.pairs else None
 
 
 def resolve_algo(algo: AlgoConfig, group_size: int) -> AlgoConfig:
     """Check ``algo.name`` and its options; return the config with every default filled in.
 
     ``group_size`` is the rollout's N; MCGPO's folds are built from it. Raises ConfigError
-    for an unknown algorithm, an unknown option or a bad value.
+    for an unknown algorithm, an unknown option or a bad value (the options classes check
+    every value when they are built, so nothing has to run to find a bad one).
     """
     if algo.name not in ALGORITHMS:
         known = ", ".join(sorted(ALGORITHMS))
         raise ConfigError(f"unknown algorithm {algo.name!r}; known: {known}")
-    spec = ALGORITHMS[algo.name]
-    estimator = _resolve_options(
-        algo.estimator, _signature_options(ESTIMATORS[spec.estimator]), "--algo", algo.name
-    )
-    if spec.pairs:
-        defaults = _preference_defaults()
-        if defaults is not None and "group_size" in defaults:
-            defaults["group_size"] = group_size
-        pairs = _resolve_options(algo.pairs, defaults, "--algo.pairs", "mcgpo")
-        if pairs.get("group_size", group_size) != group_size:
-            raise ConfigError(
-                f"--algo.pairs.group_size {pairs['group_size']} differs from "
-                f"rollout.group_size {group_size}"
-            )
+    estimator_cls, pairs_cls = algorithm_options(algo.name)
+    estimator = _build(estimator_cls, algo.estimator, "--algo", algo.name)
+    pairs: dict[str, Any] = {}
+    if pairs_cls is not None:
+        given = dict(algo.pairs)
+        if "group_size" in given:
+            value = given["group_size"]
+            if isinstance(value, str):
+                value = _text("--algo.pairs.group_size", value, int)
+            if value != group_size:
+                raise ConfigError(
+                    f"--algo.pairs.group_size {value} differs from rollout.group_size {group_size}"
+                )
+        pairs = _build(pairs_cls, {**given, "group_size": group_size}, "--algo.pairs", "mcgpo")
     elif algo.pairs:
         raise ConfigError(f"--algo.pairs.* options apply only to mcgpo, not {algo.name!r}")
-    else:
-        pairs = {}
-    resolved = dataclasses.replace(algo, estimator=estimator, pairs=pairs)
-    _try_on_sample(resolved, group_size)
-    return resolved
+    return dataclasses.replace(algo, estimator=estimator, pairs=pairs)
 
 
-def _try_on_sample(algo: AlgoConfig, group_size: int) -> None:
-    """Run the algorithm once on a small synthetic batch so that a bad option value (a
-    mode name, a negative weight) is reported before any model is loaded."""
-    from mcgpo.bench.synthetic import synthetic_table
-
-    table = synthetic_table(groups=2, group_size=group_size, turns=4, seed=0)
+def _build(cls: type[Options], given: Mapping[str, Any], flag: str, owner: str) -> dict[str, Any]:
+    """The options of ``cls`` from configuration values, every default filled in."""
+    known = cls.names()
+    unknown = sorted(set(given) - set(known))
+    if unknown:
+        names = ", ".join(sorted(known)) or "none"
+        raise ConfigError(f"unknown option {flag}.{unknown[0]} for {owner}; options: {names}")
     try:
-        assign_credit(table, algo)
-    except NotImplementedError:  # an estimator still being written: checked when used
-        pass
+        return cls.from_text(given, flag).as_dict()
     except ValueError as err:
         raise ConfigError(str(err).splitlines()[0]) from None
+
+
+def _text(key: str, text: str, kind: type) -> Any:
+    try:
+        return parse_text(key, text, kind)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
 
 
 def assign_credit(table: StepTable, algo: AlgoConfig) -> Credit:
@@ -174,19 +127,13 @@ def assign_credit(table: StepTable, algo: AlgoConfig) -> Credit:
     """
     spec = ALGORITHMS[algo.name]
     stats: dict[str, float] = {}
-    source = table
-    if spec.shaping:
-        from mcgpo.shaping import shape_rewards
-
-        shaped = shape_rewards(table, algo.shaping_coef)
-        source, shaping_stats = shaped if isinstance(shaped, tuple) else (shaped, {})
-        stats.update(_numbers("shaping", shaping_stats))
+    source = shape_rewards(table, algo.shaping_coef) if spec.shaping else table
     adv, est_stats = estimate(spec.estimator, source, **algo.estimator)
     stats.update(_numbers("adv", est_stats))
     empty = np.zeros(0, dtype=np.int64)
     plus, minus, weight, level = empty, empty, np.zeros(0), np.zeros(0, dtype=object)
     if spec.pairs:
-        prefs = _preference_builder()(table, **algo.pairs)
+        prefs = build_preferences(table, **algo.pairs)
         plus = np.asarray(prefs.plus, dtype=np.int64)
         minus = np.asarray(prefs.minus, dtype=np.int64)
         weight = np.asarray(prefs.weight, dtype=np.float64)

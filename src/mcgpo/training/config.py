@@ -7,7 +7,8 @@ Defaults are the papers' recipe (GiGPO/verl-agent, arXiv 2505.10978; see
 reference/algorithms.md 1.4); presets (``mcgpo/presets/*.toml``) change them for a scale.
 
 Estimator, preference and environment options are not fields: they belong to the estimator
-chosen by ``algo.name`` (checked against its signature: ``--algo.omega 0.2``,
+chosen by ``algo.name`` (checked by its options class, ``mcgpo.ESTIMATOR_OPTIONS`` /
+``PreferenceOptions``: ``--algo.omega 0.2``,
 ``--algo.pairs.kappa 2``) and to the environment (checked by building one:
 ``--env.n_receptacles 12``). Their defaults live with their owners; the resolved config
 written to a run folder lists the algorithm's in full.
@@ -63,7 +64,11 @@ def _opt(default: Any, help: str) -> Any:
 
 @dataclass(frozen=True)
 class EnvConfig:
-    name: str = _opt("household", "environment: household, webshop, alfworld, textworld-express")
+    name: str = _opt(
+        "household",
+        "environment: household, webshop, alfworld, textworld-express, or an installed "
+        "mcgpo.envs plugin (docs/envs/your-own.md)",
+    )
     max_turns: int = _opt(0, "turns per episode; 0 = the environment's own limit")
     train_split: str = _opt("train", "split the training tasks come from")
     # Options of the environment's constructor (--env.<option>, e.g. --env.n_receptacles 12),
@@ -100,7 +105,7 @@ class AlgoConfig:
     lambda_pair: float = _opt(LAMBDA_PAIR, "weight of the MCGPO pair loss (mcgpo only)")
     shaping_coef: float = _opt(SHAPING_COEF, "progress-shaping coefficient (graphgpo_shaping only)")
     # Options of the chosen estimator (--algo.<option>) and of build_preferences
-    # (--algo.pairs.<option>); checked against their signatures by the trainer setup.
+    # (--algo.pairs.<option>); checked by their options classes in resolve_algo.
     estimator: Mapping[str, Any] = field(default_factory=dict, metadata={"help": ""})
     pairs: Mapping[str, Any] = field(default_factory=dict, metadata={"help": ""})
 

@@ -16,7 +16,7 @@ import json
 
 import numpy as np
 
-from mcgpo.advantages.groups import codes
+from mcgpo.grouping import trajectory_view
 from mcgpo.rollout.collect import collect
 from mcgpo.steps import StepTable
 from mcgpo.training.config import RunConfig
@@ -35,11 +35,9 @@ def episode_summary(table: StepTable, prefix: str) -> dict[str, float]:
     """
     if len(table) == 0:
         return {f"{prefix}/episodes": 0.0}
-    t = codes(table.traj)
-    n_traj = int(t.max()) + 1
-    head = np.zeros(n_traj, dtype=np.int64)
-    head[t] = np.arange(len(t))  # one row per trajectory (any of its rows: fields agree)
-    turns = np.bincount(t, minlength=n_traj)
+    view = trajectory_view(table)  # one row per trajectory: its outcome fields agree
+    head, n_traj = view.head, view.count
+    turns = np.bincount(view.traj, minlength=n_traj)
     errored = table.errored[head]
     ok = ~errored
     out = {

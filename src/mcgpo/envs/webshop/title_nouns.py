@@ -75,7 +75,7 @@ _CLOSED = _word_set(
     and or nor but yet if because while although
     i you he she it we they me him us them is are was were be been being am
     has have had do does did will would can could shall should may might must not
-    s t x
+    up s x
     """
 )
 # Adjectives spaCy tags ADJ when a title writes them in lower case (in Title Case it tags
@@ -88,15 +88,34 @@ _LOWER_ADJECTIVES = _word_set(
     """
 )
 # Tokens roughly as spaCy's English tokenizer cuts product names: dotted abbreviations
-# ("d.o.n.") and decimals ("3.1") stay whole; other punctuation separates.
+# ("d.o.n.") and decimals ("3.1") stay whole; other punctuation separates ("T-Shirt" -> "T",
+# "Shirt"; "Men's" -> "Men", "s").
 _TOKEN = re.compile(r"[A-Za-z0-9]+(?:\.[A-Za-z0-9]+)+\.?|[A-Za-z0-9]+")
 _NUMBER = re.compile(r"[0-9][0-9.,]*")
+# spaCy's tokenizer cuts a unit off a number ("4K" -> "4", "K"; "16oz" -> "16", "oz"); its
+# unit list, the entries that occur in product names (case-sensitive, as spaCy's)
+_UNITS = "|".join(
+    sorted(
+        _word_set("km m dm cm mm yd in ft kg g mg lb lbs oz mph mb MB kb KB gb GB tb TB T G M K"),
+        key=len,
+        reverse=True,
+    )
+)
+_NUMBER_UNIT = re.compile(rf"([0-9]+(?:\.[0-9]+)?)({_UNITS})")
+
+
+def _tokens(title: str) -> list[str]:
+    out = []
+    for token in _TOKEN.findall(title):
+        m = _NUMBER_UNIT.fullmatch(token)
+        out.extend(m.groups() if m else (token,))
+    return out
 
 
 def rule_nouns(title: str) -> tuple[str, ...]:
     """The fallback's nouns of ``title``: lower-cased, in order, repeats kept."""
     out = []
-    for token in _TOKEN.findall(title):
+    for token in _tokens(title):
         low = token.lower()
         if low in _CLOSED or _NUMBER.fullmatch(low):
             continue

@@ -39,7 +39,7 @@ from rapidfuzz.fuzz import token_set_ratio
 from rapidfuzz.utils import default_process
 
 from mcgpo.envs.webshop.catalogue import Goal, Product
-from mcgpo.envs.webshop.title_nouns import rule_nouns
+from mcgpo.envs.webshop.title_nouns import RuleNouns
 from mcgpo.envs.webshop.words import COLOR_SET
 
 __all__ = [
@@ -60,6 +60,7 @@ __all__ = [
 MATCH_THRESHOLD = 85  # a match needs int(round(token_set_ratio)) > 85
 _LATIN1 = {i: None for i in range(128, 256)}
 Nouns = Callable[[str], tuple[str, ...]]  # title -> its nouns (title_nouns.py)
+RULE_NOUNS: Nouns = RuleNouns()  # the default tagger: the rule fallback, cached
 
 
 class TypeReward(NamedTuple):
@@ -113,7 +114,7 @@ def _pair_key(name: str, value: str) -> str:
     return str(pair)
 
 
-def type_reward(product: Product, goal: Goal, nouns: Nouns = rule_nouns) -> TypeReward:
+def type_reward(product: Product, goal: Goal, nouns: Nouns = RULE_NOUNS) -> TypeReward:
     """r_type from query, category and title-noun overlap (WebShop ``get_type_reward``).
 
     ``nouns``: the title-noun tagger (title_nouns.py; the env passes the one it chose).
@@ -167,7 +168,7 @@ def score_value(
 
 
 def score_purchase(
-    product: Product, goal: Goal, chosen: Iterable[str], nouns: Nouns = rule_nouns
+    product: Product, goal: Goal, chosen: Iterable[str], nouns: Nouns = RULE_NOUNS
 ) -> Score:
     """Everything the scorer knows about buying ``product`` with option values ``chosen``."""
     attrs = attribute_matches(product, goal)

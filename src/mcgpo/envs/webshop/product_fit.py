@@ -17,6 +17,7 @@ from typing import NamedTuple
 
 from mcgpo.envs.webshop.catalogue import Goal, Product
 from mcgpo.envs.webshop.goal_reward import (
+    RULE_NOUNS,
     Nouns,
     TypeReward,
     attribute_matches,
@@ -25,7 +26,6 @@ from mcgpo.envs.webshop.goal_reward import (
     normalize_color,
     type_reward,
 )
-from mcgpo.envs.webshop.title_nouns import rule_nouns
 
 __all__ = ["ProductFit", "option_plan", "product_fit"]
 
@@ -49,7 +49,7 @@ class ProductFit(NamedTuple):
         return self.product_level_ok and self.plannable
 
 
-def product_fit(product: Product, goal: Goal, nouns: Nouns = rule_nouns) -> ProductFit:
+def product_fit(product: Product, goal: Goal, nouns: Nouns = RULE_NOUNS) -> ProductFit:
     cands = []
     for ng in goal_option_keys(goal):
         cands.append(

@@ -172,7 +172,7 @@ def _load_spacy(model: str) -> Any:
         ) from None
     try:
         return spacy.load(model)
-    except (OSError, ValueError) as err:
+    except Exception as err:  # not found, wrong spaCy version, broken folder: one line each
         first = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise NounTaggerError(
             f"spaCy model {model!r} does not load (install it, e.g. `python -m spacy download "

@@ -446,6 +446,10 @@ def test_the_env_says_once_which_r_type_it_uses(tmp_path, caplog):
 def test_bad_noun_tagger_options_are_one_line_errors():
     with pytest.raises(CatalogueError, match="noun_tagger must be one of auto, spacy, rules"):
         WebShopEnv(noun_tagger="nltk")
+    with pytest.raises(
+        CatalogueError, match=r"spacy_model must be a non-empty string, got \['x'\]"
+    ):
+        WebShopEnv(spacy_model=["x"])
     with pytest.raises(CatalogueError, match=r"spaCy model '/no/such/model' does not load|spaCy "
                        r"is not installed"):  # fmt: skip
         WebShopEnv(noun_tagger="spacy", spacy_model="/no/such/model")

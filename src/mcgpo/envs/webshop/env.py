@@ -296,6 +296,9 @@ def _catalogue(source: tuple[tuple[Any, ...], tuple[Any, ...]]) -> Catalogue:
 
 def _tagger(kind: str, model: str, webshop_files: bool) -> NounTagger:
     """The title-noun tagger for the options (module docstring), announced once per process."""
+    for name, value in (("noun_tagger", kind), ("spacy_model", model)):
+        if not isinstance(value, str) or not value:
+            raise CatalogueError(f"WebShopEnv: {name} must be a non-empty string, got {value!r}")
     try:
         tagger = noun_tagger(kind if kind != "auto" or webshop_files else "rules", model)
     except NounTaggerError as err:

@@ -71,7 +71,7 @@ def _write(tmp_path, products=PRODUCTS, attributes=ATTRIBUTES, goals=HUMAN_GOALS
 
 
 def test_loader_reads_webshops_product_schema(tmp_path):
-    cat = load_catalogue(*_write(tmp_path), num_valid=1, unseen_fraction=0.0)
+    cat = load_catalogue(*_write(tmp_path))
     assert [p.asin for p in cat.products] == ["B0TEST0001", "B0TEST0002", "B0TEST0003"]
     boots, tea, mug = cat.products
     assert boots.query == "hiking boots"  # lower-cased and stripped
@@ -86,7 +86,7 @@ def test_loader_reads_webshops_product_schema(tmp_path):
 
 
 def test_loader_human_goals_and_price_clause(tmp_path):
-    cat = load_catalogue(*_write(tmp_path), num_valid=1, unseen_fraction=0.0)
+    cat = load_catalogue(*_write(tmp_path))
     # the goal without attributes is skipped: 2 goals remain
     assert len(cat.goals) == 2
     by_asin = {g.asin: g for g in cat.goals}
@@ -108,7 +108,7 @@ def test_loader_human_goals_and_price_clause(tmp_path):
 
 def test_loader_synthetic_goals_without_goals_file(tmp_path):
     products, attributes, _ = _write(tmp_path)
-    cat = load_catalogue(products, attributes, None, num_valid=0, unseen_fraction=0.0)
+    cat = load_catalogue(products, attributes, None)
     # only B0TEST0001 has an instruction; options color (2 values) x size (1) -> 2 goals
     assert sorted(g.options for g in cat.goals) == [("black | grey", "9"), ("dark brown", "9")]
     texts = sorted(g.instruction.split(", and price")[0] for g in cat.goals)
@@ -164,9 +164,10 @@ def test_loader_file_errors(tmp_path):
 
 def test_env_runs_on_loaded_files(tmp_path):
     products, attributes, goals = _write(tmp_path)
-    env = WebShopEnv(products_path=products, attributes_path=attributes, goals_path=goals,
-                     num_valid=1, unseen_fraction=0.0)  # fmt: skip
-    env.reset(seed=0, split="train")
+    # num_valid / unseen_fraction are gone for WebShop's files; with 2 goals only WebShop's
+    # "test" split (goals 0-499) has goals
+    env = WebShopEnv(products_path=products, attributes_path=attributes, goals_path=goals)
+    env.reset(seed=0, split="test")
     done, steps = False, 0
     while not done:
         res = env.step(env.expert_action())
@@ -208,7 +209,7 @@ def test_generated_splits_are_disjoint_fixed_and_hold_out_categories():
 
 def test_written_records_load_back_to_the_same_catalogue(tmp_path):
     paths = write_records(tmp_path, num_products=60, seed=5)
-    loaded = load_catalogue(*map(str, paths), seed=5, num_valid=100)
+    loaded = load_catalogue(*map(str, paths), seed=5)
     built = generated_catalogue(num_products=60, seed=5)
     assert loaded.products == built.products and loaded.goals == built.goals
 

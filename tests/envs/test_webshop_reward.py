@@ -16,9 +16,9 @@ from mcgpo.envs.webshop.goal_reward import (
     option_matches,
     score_purchase,
     score_value,
-    title_nouns,
     type_reward,
 )
+from mcgpo.envs.webshop.title_nouns import rule_nouns as title_nouns
 
 BOOT_PATH = "Clothing, Shoes & Jewelry › Men › Shoes › Outdoor › Hiking & Trekking"
 MUG_PATH = "Home & Kitchen › Kitchen & Dining › Dining › Mugs"
@@ -74,17 +74,22 @@ def test_price_bound_is_inclusive():
     assert not s.price_ok and s.score == pytest.approx(0.75)
 
 
-def test_title_noun_heuristic():
-    # function words (for), colour words, size words and the generator's attribute words
-    # (waterproof) are not nouns; brands and head nouns are.
+def test_rule_nouns_keep_title_case_words_and_drop_closed_classes():
+    # The fallback in place of spaCy (title_nouns.py): every word but numbers and closed-class
+    # words. en_core_web_sm 3.8 tags "Waterproof", "Hiking", "Boots" PROPN and "Men" NOUN, as
+    # here; it tags "Trailpeak" VERB (the one word here the rules cannot get right), "for" ADP.
     assert title_nouns("Trailpeak Waterproof Hiking Boots for Men") == (
         "trailpeak",
+        "waterproof",
         "hiking",
         "boots",
         "men",
     )
-    assert title_nouns("Waterproof Black Large") == ()
+    # colour and size words are nouns (spaCy: PROPN PROPN PROPN), unlike the old heuristic
+    assert title_nouns("Waterproof Black Large") == ("waterproof", "black", "large")
     assert title_nouns("Zorb Zorb Widget") == ("zorb", "zorb", "widget")
+    # numbers and closed-class words are not (spaCy: ADP NUM ADP NUM)
+    assert title_nouns("With 2 of 3") == ()
 
 
 def test_r_type_one_by_query_match_with_low_title_overlap():
@@ -128,7 +133,7 @@ def test_r_type_zero_without_shared_nouns_even_with_query_and_category_match():
 
 def test_goal_name_without_nouns_gives_title_score_point_two():
     t = type_reward(product("Zorb Widget", query="a", path=MUG_PATH),
-                    goal("Waterproof Black", query="b", path=TEA_PATH))  # fmt: skip
+                    goal("With 2 of 3", query="b", path=TEA_PATH))  # fmt: skip
     assert (t.title_score, t.r_type) == (0.2, 0.5)
 
 

@@ -14,12 +14,23 @@ Price rules (WebShop ``engine.py`` ``generate_product_prices`` and ``goal.py``):
   price clause in the instruction. Our samples come from ``random.Random(seed)`` rather than
   WebShop's global ``random.seed(42)`` stream, so prices and bounds differ from WebShop's.
 
-Splits (departure: WebShop has only goal ranges, [0, 500) for evaluation, the rest for
-training). Goals are shuffled with ``random.Random(seed)`` (WebShop shuffles with seed 233).
-In each top-level category, ``unseen_fraction`` of the target product categories (leaf
-paths; rounded, at least one when there are two or more) are held out with a seeded
-shuffle: goals whose target lies there form ``valid_unseen`` and never appear in training.
-Of the remaining goals the first ``num_valid`` form ``valid_seen`` and the rest ``train``.
+Splits. ``goals`` keep WebShop's order (products in file order, each product's
+instructions in order); a split is a tuple of indices into it, played in that order.
+
+* WebShop's own files (``scheme="webshop"``): WebShop shuffles its goal list once with
+  ``random.seed(233)`` (``web_agent_text_env.py`` ``SimServer``) and its baselines
+  (``baseline_models/env.py``, ``train_choice_il.py``) cut the shuffled list by index:
+  ``test`` = positions 0-499 (the 500 goals the papers report), ``eval`` = 500-1499,
+  ``train`` = 1500 to the end. ``random.Random(233).shuffle`` draws the same permutation,
+  so the splits are WebShop's. Two more names: ``train_and_eval`` = 500 to the end (the
+  training range of verl-agent's WebShop, the GiGPO recipe) and ``valid_seen`` = ``eval``
+  (the name mcgpo's trainer evaluates on by default).
+* The generated catalogue (``scheme="generated"``, a departure: it has no papers' split):
+  the goals are shuffled with ``random.Random(seed)``. In each top-level category,
+  ``unseen_fraction`` of the target product categories (leaf paths; rounded, at least one
+  when there are two or more) are held out with a seeded shuffle: goals whose target lies
+  there form ``valid_unseen`` and never appear in training. Of the remaining goals the first
+  ``num_valid`` form ``valid_seen`` and the rest ``train``.
 """
 
 from __future__ import annotations
@@ -33,6 +44,8 @@ from mcgpo.envs.webshop.search import BM25Index
 
 __all__ = [
     "PRICE_RANGE",
+    "SCHEMES",
+    "WEBSHOP_SPLITS",
     "Catalogue",
     "CatalogueError",
     "Goal",
@@ -43,6 +56,16 @@ __all__ = [
 
 PRICE_RANGE = tuple(10.0 * i for i in range(1, 100))
 NO_PRICE_BOUND = 1_000_000.0
+SCHEMES = ("webshop", "generated")
+WEBSHOP_SHUFFLE_SEED = 233  # web_agent_text_env.py: random.seed(233); random.shuffle(goals)
+# split name -> (first, end) positions in WebShop's shuffled goal list; end None = to the end
+WEBSHOP_SPLITS: Mapping[str, tuple[int, int | None]] = {
+    "test": (0, 500),
+    "eval": (500, 1500),
+    "train": (1500, None),
+    "train_and_eval": (500, None),
+    "valid_seen": (500, 1500),  # = eval
+}
 
 
 class CatalogueError(ValueError):
@@ -65,13 +88,6 @@ class Product:
     options: tuple[tuple[str, tuple[str, ...]], ...]  # (option name, values), page order
     attributes: tuple[str, ...]  # from items_ins_v2 `attributes` ("DUMMY_ATTR" when absent)
 
-    def option_type(self, value: str) -> str | None:
-        """The option name a value belongs to (first one listing it), or None."""
-        for name, values in self.options:
-            if value in values:
-                return name
-        return None
-
 
 @dataclass(frozen=True)
 class Goal:
@@ -86,6 +102,9 @@ class Goal:
     query: str
     category: str
     product_category: str
+    # synthetic goals only: the option name of each value (WebShop keeps {name: value} and
+    # scores the (name, value) pairs, goal_reward.goal_option_keys); () for human goals
+    option_names: tuple[str, ...] = ()
 
 
 def sample_price(pricing: Sequence[float], rng: random.Random) -> float:
@@ -111,11 +130,12 @@ class Catalogue:
     """Products, goals, their split and the BM25 index over the products."""
 
     products: tuple[Product, ...]
-    goals: tuple[Goal, ...]  # in split order (shuffled once, fixed by the seed)
-    splits: Mapping[str, tuple[int, ...]]  # split name -> goal indices
+    goals: tuple[Goal, ...]  # in WebShop's order (file order), not shuffled
+    splits: Mapping[str, tuple[int, ...]]  # split name -> goal indices, in play order
     unseen_product_categories: frozenset[str]
     index: BM25Index
     by_asin: Mapping[str, int] = field(default_factory=dict)
+    scheme: str = "generated"  # "webshop" (WebShop's fixed splits) or "generated"
 
     @classmethod
     def build(
@@ -124,40 +144,45 @@ class Catalogue:
         goals: Sequence[Goal],
         *,
         seed: int,
-        num_valid: int,
-        unseen_fraction: float,
+        scheme: str = "generated",
+        num_valid: int = 100,
+        unseen_fraction: float = 0.2,
     ) -> Catalogue:
+        """``scheme``: "webshop" cuts WebShop's split ranges; "generated" mcgpo's own split."""
+        if scheme not in SCHEMES:
+            raise CatalogueError(
+                f"split scheme must be one of {', '.join(SCHEMES)}, got {scheme!r}"
+            )
         if not products:
             raise CatalogueError("catalogue: no products")
         if not goals:
             raise CatalogueError("catalogue: no goals (every instruction was skipped)")
-        if num_valid < 0:
-            raise CatalogueError(f"num_valid must be >= 0, got {num_valid}")
-        if not 0.0 <= unseen_fraction < 1.0:
-            raise CatalogueError(f"unseen_fraction must be in [0, 1), got {unseen_fraction}")
         by_asin = {p.asin: i for i, p in enumerate(products)}
         for g in goals:
             if g.asin not in by_asin:
                 raise CatalogueError(f"goal for asin {g.asin!r}: no such product")
-        ordered = list(goals)
-        random.Random(seed).shuffle(ordered)
-        unseen = _held_out_categories(ordered, seed, unseen_fraction)
-        seen_ids = [i for i, g in enumerate(ordered) if g.product_category not in unseen]
-        splits = {
-            "valid_seen": tuple(seen_ids[:num_valid]),
-            "train": tuple(seen_ids[num_valid:]),
-            "valid_unseen": tuple(i for i, g in enumerate(ordered) if g.product_category in unseen),
-        }
+        unseen: frozenset[str] = frozenset()
+        if scheme == "webshop":
+            splits = _webshop_splits(len(goals))
+        else:
+            splits, unseen = _generated_splits(goals, seed, num_valid, unseen_fraction)
         documents = [_document(p) for p in products]
-        return cls(tuple(products), tuple(ordered), splits, unseen, BM25Index(documents), by_asin)
+        return cls(
+            tuple(products), tuple(goals), splits, unseen, BM25Index(documents), by_asin, scheme
+        )
 
     def goal(self, split: str, seed: int) -> Goal:
         """The goal of (split, seed): the split's goals in order, seed taken modulo its size."""
         if split not in self.splits:
-            raise CatalogueError(f"unknown split {split!r}; known: {', '.join(self.splits)}")
+            known = ", ".join(self.splits)
+            if self.scheme == "webshop":
+                hint = "WebShop's own files; valid_seen = eval"
+            else:
+                hint = "the generated catalogue; 'test' and 'eval' exist only for WebShop's files"
+            raise CatalogueError(f"unknown split {split!r}; known: {known} ({hint})")
         ids = self.splits[split]
         if not ids:
-            raise CatalogueError(f"split {split!r} has no goals")
+            raise CatalogueError(f"split {split!r} has no goals: {self._split_rule(split)}")
         return self.goals[ids[seed % len(ids)]]
 
     def product(self, asin: str) -> Product:
@@ -166,6 +191,42 @@ class Catalogue:
     def search(self, query: str, k: int) -> tuple[int, ...]:
         """Product indices of the top ``k`` BM25 hits of ``query`` (best first)."""
         return self.index.search(query, k)
+
+    def _split_rule(self, split: str) -> str:
+        n = len(self.goals)
+        if self.scheme == "webshop":
+            first, end = WEBSHOP_SPLITS[split]
+            span = f"{first}-{end - 1}" if end is not None else f"{first} to the end"
+            return f"it is WebShop's shuffled goals {span} and this catalogue has {n} goals"
+        sizes = ", ".join(f"{k} {len(v)}" for k, v in self.splits.items())
+        return f"the generated catalogue's {n} goals split as {sizes}"
+
+
+def _webshop_splits(n: int) -> dict[str, tuple[int, ...]]:
+    """WebShop's fixed ranges over its seed-233 shuffle of the goal list."""
+    order = list(range(n))
+    random.Random(WEBSHOP_SHUFFLE_SEED).shuffle(order)
+    return {name: tuple(order[first:end]) for name, (first, end) in WEBSHOP_SPLITS.items()}
+
+
+def _generated_splits(
+    goals: Sequence[Goal], seed: int, num_valid: int, unseen_fraction: float
+) -> tuple[dict[str, tuple[int, ...]], frozenset[str]]:
+    """mcgpo's split of the generated catalogue (module docstring)."""
+    if isinstance(num_valid, bool) or not isinstance(num_valid, int) or num_valid < 0:
+        raise CatalogueError(f"num_valid must be an integer >= 0, got {num_valid!r}")
+    if not 0.0 <= unseen_fraction < 1.0:
+        raise CatalogueError(f"unseen_fraction must be in [0, 1), got {unseen_fraction}")
+    order = list(range(len(goals)))
+    random.Random(seed).shuffle(order)
+    unseen = _held_out_categories([goals[i] for i in order], seed, unseen_fraction)
+    seen = [i for i in order if goals[i].product_category not in unseen]
+    splits = {
+        "train": tuple(seen[num_valid:]),
+        "valid_seen": tuple(seen[:num_valid]),
+        "valid_unseen": tuple(i for i in order if goals[i].product_category in unseen),
+    }
+    return splits, unseen
 
 
 def _document(p: Product) -> str:

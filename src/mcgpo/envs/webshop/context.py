@@ -31,7 +31,7 @@ from collections.abc import Callable
 
 from mcgpo.envs.protocol import Context
 from mcgpo.envs.webshop.catalogue import Catalogue, Goal
-from mcgpo.envs.webshop.goal_reward import option_matches, score_value
+from mcgpo.envs.webshop.goal_reward import goal_option_keys, key_matches, score_value
 from mcgpo.envs.webshop.pages import Page, View
 from mcgpo.envs.webshop.product_fit import ProductFit
 
@@ -42,7 +42,7 @@ FitOf = Callable[[int], ProductFit]  # product index -> its fit for the episode'
 
 def preview(page: Page, goal: Goal, fit: ProductFit) -> tuple[tuple[bool, ...], float]:
     """(goal options matched by the chosen values, score Buy Now would give now)."""
-    opts = option_matches((v for _, v in page.chosen), goal.options)
+    opts = key_matches((v for _, v in page.chosen), goal_option_keys(goal))
     return opts, score_value(fit.type.r_type, fit.attributes, opts, fit.price_ok)
 
 

@@ -9,6 +9,18 @@ when WebShop's task score equals 1.0 exactly (``won``), otherwise 0.0 on every t
 raw task score (goal_reward.py, in [0, 1]) is in ``info["score"]`` at Buy Now (0.0 on
 earlier turns and when the turn limit ends the episode); nothing rescales it elsewhere.
 
+r_type's title nouns (goal_reward.py, title_nouns.py) come from spaCy or from the rule
+fallback: option ``noun_tagger`` ("auto" by default: spaCy's ``spacy_model`` on WebShop's
+own files when spaCy and the model load, else the rules; the rules on the generated
+catalogue, so its numbers do not depend on what is installed), "spacy" or "rules". The
+choice is logged once per process (logger ``mcgpo.envs.webshop.env``) and is
+``env.noun_tagger_name``.
+
+Splits: WebShop's own (``test``, ``eval``, ``train``, ``train_and_eval``, ``valid_seen`` =
+``eval``) on WebShop's files, mcgpo's ``train`` / ``valid_seen`` / ``valid_unseen`` on the
+generated catalogue (catalogue.py); ``num_valid`` and ``unseen_fraction`` apply to the
+generated catalogue only.
+
 ``info`` keys: ``won``, ``score``, ``action_valid``, ``turn``, ``page`` (page kind),
 ``truncated`` (ended by the turn limit), ``preview`` (the score Buy Now would give now,
 the context's progress_value), ``invalid_reason`` ("" when valid), and at Buy Now
@@ -24,10 +36,11 @@ there, then ``click[<button>]`` for every button in page order.
 
 from __future__ import annotations
 
+import logging
 import re
 from typing import Any
 
-from mcgpo.envs.protocol import SPLITS, Context, Observation, StepResult
+from mcgpo.envs.protocol import Context, Observation, StepResult
 from mcgpo.envs.webshop.catalogue import Catalogue, CatalogueError, Goal
 from mcgpo.envs.webshop.context import page_context
 from mcgpo.envs.webshop.expert import expert_action
@@ -36,12 +49,15 @@ from mcgpo.envs.webshop.goal_reward import score_purchase
 from mcgpo.envs.webshop.pages import Page, View, click, render, search
 from mcgpo.envs.webshop.product_fit import ProductFit, product_fit
 from mcgpo.envs.webshop.schema import load_catalogue
+from mcgpo.envs.webshop.title_nouns import NounTagger, NounTaggerError, noun_tagger
 
 __all__ = ["SEARCH_PLACEHOLDER", "SUCCESS_REWARD", "WebShopEnv"]
 
 SUCCESS_REWARD = 10.0
 SEARCH_PLACEHOLDER = "search[<your query>]"
 _ACTION = re.compile(r"\s*(search|click)\[(.*)\]\s*", re.IGNORECASE | re.DOTALL)
+logger = logging.getLogger(__name__)
+_ANNOUNCED: set[tuple[str, str]] = set()  # (data, tagger) pairs already logged
 
 
 class WebShopEnv:
@@ -55,13 +71,15 @@ class WebShopEnv:
         catalogue_seed: int = 0,
         goals_per_product: int = 2,
         num_valid: int | None = None,
-        unseen_fraction: float = 0.2,
+        unseen_fraction: float | None = None,
         products_path: str | None = None,
         attributes_path: str | None = None,
         goals_path: str | None = None,
         results_per_page: int = 10,
         top_n: int = 50,
         max_action_chars: int = 1000,
+        noun_tagger: str = "auto",
+        spacy_model: str = "en_core_web_sm",
     ) -> None:
         for name, value in (
             ("max_turns", max_turns),
@@ -75,11 +93,18 @@ class WebShopEnv:
                 raise CatalogueError(f"WebShopEnv: {name} must be an integer >= 1, got {value!r}")
         if products_path is None and (attributes_path or goals_path):
             raise CatalogueError("WebShopEnv: attributes_path / goals_path need products_path")
+        if products_path is not None and (num_valid is not None or unseen_fraction is not None):
+            raise CatalogueError(
+                "WebShopEnv: num_valid / unseen_fraction split the generated catalogue only; "
+                "WebShop's files use WebShop's splits (test, eval, train)"
+            )
         self._source = (
             (num_products, catalogue_seed, goals_per_product, num_valid, unseen_fraction),
             (products_path, attributes_path, goals_path),
         )
+        self._tagger_options = (noun_tagger, spacy_model, products_path is not None)
         self.catalogue: Catalogue = _catalogue(self._source)
+        self._nouns: NounTagger = _tagger(*self._tagger_options)
         self.max_turns = max_turns
         self.per_page, self.top_n, self.max_action_chars = results_per_page, top_n, max_action_chars
         self._goal: Goal | None = None
@@ -92,8 +117,7 @@ class WebShopEnv:
 
     # ------------------------------------------------------------------ protocol
     def reset(self, seed: int = 0, split: str = "train") -> Observation:
-        if split not in SPLITS:
-            raise CatalogueError(f"unknown split {split!r}; known: {', '.join(SPLITS)}")
+        """Goal ``seed`` (modulo its size) of ``split``; the splits are the catalogue's."""
         self._goal = self.catalogue.goal(split, int(seed))
         self._fits = {}
         self._turn, self._done = 0, False
@@ -115,7 +139,8 @@ class WebShopEnv:
             if target.kind == "done":
                 goal = self.goal
                 product = self.catalogue.product(target.asin)
-                result = score_purchase(product, goal, (v for _, v in target.chosen))
+                chosen = (v for _, v in target.chosen)
+                result = score_purchase(product, goal, chosen, self._nouns)
                 score, won = result.score, result.score == 1.0
                 reward = SUCCESS_REWARD if won else 0.0
                 self._done = True
@@ -151,6 +176,11 @@ class WebShopEnv:
 
     # ------------------------------------------------------------------ read-only views
     @property
+    def noun_tagger_name(self) -> str:
+        """What r_type's title nouns come from: "rules" or "spacy:<model>"."""
+        return self._nouns.name
+
+    @property
     def goal(self) -> Goal:
         if self._goal is None:
             raise CatalogueError("WebShopEnv: call reset() first")
@@ -174,12 +204,13 @@ class WebShopEnv:
     def __getstate__(self) -> dict[str, Any]:
         """Pickles carry the options, not the catalogue: it is rebuilt (cached) on load."""
         state = dict(self.__dict__)
-        del state["catalogue"]
+        del state["catalogue"], state["_nouns"]
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self.catalogue = _catalogue(self._source)
+        self._nouns = _tagger(*self._tagger_options)
 
     # ------------------------------------------------------------------ internals
     def _resolve(self, action: Any) -> tuple[Page | None, str]:
@@ -217,7 +248,8 @@ class WebShopEnv:
     def _fit(self, index: int) -> ProductFit:
         fit = self._fits.get(index)
         if fit is None:
-            fit = self._fits[index] = product_fit(self.catalogue.products[index], self.goal)
+            product = self.catalogue.products[index]
+            fit = self._fits[index] = product_fit(product, self.goal, self._nouns)
         return fit
 
     def _info(
@@ -252,13 +284,31 @@ def _catalogue(source: tuple[tuple[Any, ...], tuple[Any, ...]]) -> Catalogue:
             seed,
             goals_per_product,
             100 if num_valid is None else num_valid,
-            unseen_fraction,
+            0.2 if unseen_fraction is None else unseen_fraction,
         )
     return load_catalogue(
         str(products_path),
         str(attributes_path) if attributes_path else None,
         str(goals_path) if goals_path else None,
         seed=seed,
-        num_valid=500 if num_valid is None else num_valid,
-        unseen_fraction=unseen_fraction,
     )
+
+
+def _tagger(kind: str, model: str, webshop_files: bool) -> NounTagger:
+    """The title-noun tagger for the options (module docstring), announced once per process."""
+    for name, value in (("noun_tagger", kind), ("spacy_model", model)):
+        if not isinstance(value, str) or not value:
+            raise CatalogueError(f"WebShopEnv: {name} must be a non-empty string, got {value!r}")
+    try:
+        tagger = noun_tagger(kind if kind != "auto" or webshop_files else "rules", model)
+    except NounTaggerError as err:
+        raise CatalogueError(f"WebShopEnv: {err}") from None
+    data = "WebShop's files" if webshop_files else "the generated catalogue"
+    if (data, tagger.name) not in _ANNOUNCED:
+        _ANNOUNCED.add((data, tagger.name))
+        if tagger.name == "rules":
+            how = "the rule-based noun fallback (not WebShop's spaCy tags; docs/envs/webshop.md §3)"
+        else:
+            how = f"spaCy {tagger.name.split(':', 1)[1]!r} NOUN/PROPN tags, as WebShop"
+        logger.info("WebShop r_type on %s: title nouns from %s", data, how)
+    return tagger

@@ -110,13 +110,18 @@ def generated_catalogue(
     num_valid: int = 100,
     unseen_fraction: float = 0.2,
 ) -> Catalogue:
-    """The generated catalogue with its human-style goals (cached: it is immutable)."""
+    """The generated catalogue with its human-style goals (cached: it is immutable).
+
+    Its splits are mcgpo's own (train / valid_seen / valid_unseen, catalogue.py), not
+    WebShop's: the same records loaded as files (``write_records``) get WebShop's.
+    """
     products, attributes, human = generate_records(num_products, seed, goals_per_product)
     return catalogue_from_records(
         products,
         attributes,
         human,
         seed=seed,
+        scheme="generated",
         num_valid=num_valid,
         unseen_fraction=unseen_fraction,
         source="generated",

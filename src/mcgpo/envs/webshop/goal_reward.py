@@ -7,34 +7,31 @@
   (bullet points) or description.
 * N_opt: goal options g matched by some chosen option value p with token_set_ratio > 85,
   both colour-normalised first (``normalize_color``: the first COLOR_SET word contained in
-  the string, else the string). One chosen value may match several goal options.
+  the string, else the string). One chosen value may match several goal options. Synthetic
+  goals (WebShop's items_ins_v2 goals, a {name: value} dict) are compared as WebShop does:
+  its get_reward passes ``dict.items()``, so each goal option is the pair (name, value);
+  ``normalize_color`` on a pair tests tuple membership (a colour word equal to the name or
+  the value), and thefuzz turns a pair that stays a pair into ``str(pair)`` before its string
+  processing (``goal_option_keys``).
 * r_type from query_match (same collection query), category_match (the product-category
   paths share >= 2 levels) and title_score = |nouns(bought) ∩ nouns(goal)| / len(nouns(goal))
   (0.2 when the goal name has no nouns): r_type = 1 if any match or title_score > 0.2,
-  else 0.5; then 0.1 if title_score < 0.1; then 0 if title_score == 0.
+  else 0.5; then 0.1 if title_score < 0.1; then 0 if title_score == 0. The nouns are spaCy's
+  NOUN/PROPN tokens or the rule-based fallback (title_nouns.py); as in WebShop they are a
+  list: the denominator counts repeats, the overlap does not.
 * success: score == 1.0 exactly.
 
-Departures, both forced by running offline:
-
-1. token_set_ratio is thefuzz's: strings lose the characters 128-255, are lower-cased with
-   every non-alphanumeric character turned into a space (rapidfuzz ``default_process``), and
-   the rapidfuzz score is rounded to an integer before the "> 85" test (thefuzz returns
-   int(round(score))), so 85.4 fails and 85.6 passes, as in WebShop.
-2. spaCy's NOUN/PROPN tagger is replaced by a fixed rule (``title_nouns``): a noun is a
-   lower-case alphabetic token of two or more letters that is not a function word, colour
-   word, size word, or a word of the generator's attribute phrases / option values. On the
-   generated catalogue this keeps brands and head nouns ("trailpeak", "hiking", "boots",
-   "men") and drops adjectives ("waterproof"); on real titles it over-counts adjectives.
-   As in WebShop the nouns are a list: the denominator counts repeats, the overlap does not.
-
-Synthetic (items_ins_v2) goals keep their options as a {name: value} dict that WebShop turns
-into (name, value) pairs before matching; we compare the values (schema.py).
+Departure: token_set_ratio is computed as thefuzz >= 0.20 does it, on rapidfuzz (WebShop
+pins thefuzz 0.19, whose ratio is python-Levenshtein's, the same Indel ratio): strings
+lose the characters 128-255, are lower-cased with every non-alphanumeric character turned
+into a space (rapidfuzz ``default_process``), and the score is rounded to an integer before
+the "> 85" test (thefuzz returns int(round(score))), so 85.4 fails and 85.6 passes, as in
+WebShop.
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from functools import lru_cache
 from typing import NamedTuple
 
@@ -42,8 +39,8 @@ from rapidfuzz.fuzz import token_set_ratio
 from rapidfuzz.utils import default_process
 
 from mcgpo.envs.webshop.catalogue import Goal, Product
-from mcgpo.envs.webshop.vocabulary import modifier_words
-from mcgpo.envs.webshop.words import COLOR_SET, FUNCTION_WORDS, SIZE_WORDS
+from mcgpo.envs.webshop.title_nouns import RuleNouns
+from mcgpo.envs.webshop.words import COLOR_SET
 
 __all__ = [
     "MATCH_THRESHOLD",
@@ -51,18 +48,19 @@ __all__ = [
     "TypeReward",
     "attribute_matches",
     "fuzzy_match",
+    "goal_option_keys",
+    "key_matches",
     "normalize_color",
     "option_matches",
     "score_purchase",
     "score_value",
-    "title_nouns",
     "type_reward",
 ]
 
 MATCH_THRESHOLD = 85  # a match needs int(round(token_set_ratio)) > 85
 _LATIN1 = {i: None for i in range(128, 256)}
-_NOT_NOUNS = FUNCTION_WORDS | SIZE_WORDS | frozenset(COLOR_SET) | modifier_words()
-_WORD = re.compile(r"[a-z]+")
+Nouns = Callable[[str], tuple[str, ...]]  # title -> its nouns (title_nouns.py)
+RULE_NOUNS: Nouns = RuleNouns()  # the default tagger: the rule fallback, cached
 
 
 class TypeReward(NamedTuple):
@@ -99,21 +97,35 @@ def normalize_color(value: str) -> str:
     return value
 
 
+def goal_option_keys(goal: Goal) -> tuple[str, ...]:
+    """Each goal option as the scorer compares it (module docstring, N_opt)."""
+    if not goal.option_names:
+        return tuple(normalize_color(g) for g in goal.options)
+    return tuple(_pair_key(n, v) for n, v in zip(goal.option_names, goal.options, strict=True))
+
+
 @lru_cache(maxsize=1 << 14)
-def title_nouns(name: str) -> tuple[str, ...]:
-    """The title-noun heuristic standing in for spaCy's NOUN/PROPN tags (departure 2)."""
-    return tuple(t for t in _WORD.findall(name.lower()) if len(t) > 1 and t not in _NOT_NOUNS)
+def _pair_key(name: str, value: str) -> str:
+    """WebShop's normalize_color on a (name, value) pair, then thefuzz's str() of it."""
+    pair = (name, value)
+    for colour in COLOR_SET:
+        if colour in pair:  # tuple membership: equal to the name or the value
+            return colour
+    return str(pair)
 
 
-def type_reward(product: Product, goal: Goal) -> TypeReward:
-    """r_type from query, category and title-noun overlap (WebShop ``get_type_reward``)."""
+def type_reward(product: Product, goal: Goal, nouns: Nouns = RULE_NOUNS) -> TypeReward:
+    """r_type from query, category and title-noun overlap (WebShop ``get_type_reward``).
+
+    ``nouns``: the title-noun tagger (title_nouns.py; the env passes the one it chose).
+    """
     query_match = product.query == goal.query
     bought = {x.strip() for x in product.product_category.split("›")}
     wanted = {x.strip() for x in goal.product_category.split("›")}
     category_match = len(bought & wanted) >= 2
-    desired = title_nouns(goal.name)
+    desired = nouns(goal.name)
     if desired:
-        title_score = len(set(title_nouns(product.name)) & set(desired)) / len(desired)
+        title_score = len(set(nouns(product.name)) & set(desired)) / len(desired)
     else:
         title_score = 0.2
     r_type = 1.0 if (query_match or category_match or title_score > 0.2) else 0.5
@@ -137,9 +149,14 @@ def attribute_matches(product: Product, goal: Goal) -> tuple[bool, ...]:
 
 
 def option_matches(chosen: Iterable[str], goal_options: Sequence[str]) -> tuple[bool, ...]:
-    """Per goal option: some chosen value matches it after colour normalisation."""
+    """Per goal option value: some chosen value matches it after colour normalisation."""
+    return key_matches(chosen, tuple(normalize_color(g) for g in goal_options))
+
+
+def key_matches(chosen: Iterable[str], keys: Sequence[str]) -> tuple[bool, ...]:
+    """Per goal option key (``goal_option_keys``): some colour-normalised chosen value matches."""
     values = [normalize_color(v) for v in chosen]
-    return tuple(any(fuzzy_match(v, normalize_color(g)) for v in values) for g in goal_options)
+    return tuple(any(fuzzy_match(v, k) for v in values) for k in keys)
 
 
 def score_value(
@@ -150,10 +167,12 @@ def score_value(
     return r_type * matched / (len(attrs) + len(opts) + 1)
 
 
-def score_purchase(product: Product, goal: Goal, chosen: Iterable[str]) -> Score:
+def score_purchase(
+    product: Product, goal: Goal, chosen: Iterable[str], nouns: Nouns = RULE_NOUNS
+) -> Score:
     """Everything the scorer knows about buying ``product`` with option values ``chosen``."""
     attrs = attribute_matches(product, goal)
-    opts = option_matches(chosen, goal.options)
+    opts = key_matches(chosen, goal_option_keys(goal))
     price_ok = product.price <= goal.price_upper
-    rtype = type_reward(product, goal)
+    rtype = type_reward(product, goal, nouns)
     return Score(attrs, opts, price_ok, rtype, score_value(rtype.r_type, attrs, opts, price_ok))

@@ -17,9 +17,12 @@ from typing import NamedTuple
 
 from mcgpo.envs.webshop.catalogue import Goal, Product
 from mcgpo.envs.webshop.goal_reward import (
+    RULE_NOUNS,
+    Nouns,
     TypeReward,
     attribute_matches,
     fuzzy_match,
+    goal_option_keys,
     normalize_color,
     type_reward,
 )
@@ -46,10 +49,9 @@ class ProductFit(NamedTuple):
         return self.product_level_ok and self.plannable
 
 
-def product_fit(product: Product, goal: Goal) -> ProductFit:
+def product_fit(product: Product, goal: Goal, nouns: Nouns = RULE_NOUNS) -> ProductFit:
     cands = []
-    for g in goal.options:
-        ng = normalize_color(g)
+    for ng in goal_option_keys(goal):
         cands.append(
             tuple(
                 (name, v)
@@ -61,7 +63,7 @@ def product_fit(product: Product, goal: Goal) -> ProductFit:
     fit = ProductFit(
         attribute_matches(product, goal),
         product.price <= goal.price_upper,
-        type_reward(product, goal),
+        type_reward(product, goal, nouns),
         tuple(cands),
         False,
     )

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-__all__ = ["BRANDS", "INSTRUCTION_TEMPLATES", "PRODUCT_TYPES", "ProductType", "modifier_words"]
+__all__ = ["BRANDS", "INSTRUCTION_TEMPLATES", "PRODUCT_TYPES", "ProductType"]
 
 
 class ProductType(NamedTuple):
@@ -245,19 +245,3 @@ INSTRUCTION_TEMPLATES: tuple[str, ...] = (
     "i want to buy {noun} that is {attrs}",
     "i'm searching for {noun}, {attrs}",
 )
-
-
-def modifier_words() -> frozenset[str]:
-    """Words of the generated attribute phrases and option values that are not title nouns.
-
-    Every word of an attribute phrase or option value, minus the words of the product-type
-    noun phrases (so "hair" of "dry hair" stays a noun because of "hair extensions").
-    """
-    words: set[str] = set()
-    nouns: set[str] = set()
-    for kind in PRODUCT_TYPES:
-        phrases = list(kind.attributes) + [v for _, values in kind.options for v in values]
-        for phrase in phrases:
-            words.update(phrase.replace("-", " ").split())
-        nouns.update(kind.noun.replace("-", " ").split())
-    return frozenset(words - nouns)

@@ -1,4 +1,4 @@
-"""Word lists and tokenisers shared by search (BM25) and the goal scorer.
+"""Word lists and tokenisers of search (BM25) and the goal scorer's colour normalisation.
 
 * ``search_tokens``: what the search index sees. Lower-case ASCII alphanumeric runs, Lucene's
   33-word English stop list removed (the list pyserini's default analyser uses, and so real
@@ -6,8 +6,6 @@
   Porter stemmer: a departure that keeps the code short; it matters only for ranking.
 * ``COLOR_SET``: WebShop's colour vocabulary (``web_agent_site/engine/normalize.py``), in its
   order, used by ``normalize_color`` before options are compared.
-* ``FUNCTION_WORDS``: English function words; with the colour and size words and the
-  generator's attribute words they are what the title-noun heuristic drops (goal_reward.py).
 """
 
 from __future__ import annotations
@@ -16,9 +14,7 @@ import re
 
 __all__ = [
     "COLOR_SET",
-    "FUNCTION_WORDS",
     "LUCENE_STOP_WORDS",
-    "SIZE_WORDS",
     "s_stem",
     "search_tokens",
 ]
@@ -31,15 +27,6 @@ def _words(text: str) -> frozenset[str]:
 LUCENE_STOP_WORDS = _words(
     "a an and are as at be but by for if in into is it no not of on or such that the their "
     "then there these they this to was will with"
-)
-
-FUNCTION_WORDS = LUCENE_STOP_WORDS | _words(
-    "about above after all also am any both can could did do does each etc few from had has "
-    "have he her here him his how i its just me more most my new none nor off only other our "
-    "out over own per same she so some than them those through too under up upon very via we "
-    "were what when where which while who whom why you your yours s t ll ve re d m x pcs pc "
-    "count set piece pieces inch inches oz fl ml lb lbs pound pounds ounce ounces feet ft "
-    "cm mm pack one two three four five six ten dozen plus"
 )
 
 # WebShop's colour set, in WebShop's (alphabetical) order: normalize_color returns the
@@ -58,10 +45,6 @@ COLOR_SET = (
     "stonewash", "sunflower", "tan", "taupe", "teal", "tiger", "turquoise", "violet", "walnut",
     "wheat", "white", "wine", "yellow",
 )  # fmt: skip
-
-SIZE_WORDS = _words(
-    "small medium large xl xxl xs x-large xx-large x-small queen twin full king size"
-)
 
 _ALNUM = re.compile(r"[a-z0-9]+")
 

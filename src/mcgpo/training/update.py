@@ -124,6 +124,7 @@ class _Layout:
     steps: list[list[np.ndarray]]  # [mini-batch][micro-batch] -> batch row ids
     split_mini: int  # pairs whose two rows lie in different mini-batches
     split_micro: int  # pairs inside one mini-batch whose rows lie in different micro-batches
+    widest: int  # token slots (rows x padded length) of the largest micro-batch
 
 
 def _layout(
@@ -148,7 +149,8 @@ def _layout(
             micros, split = [np.arange(len(mini))], 0
         steps.append([by_length[m] for m in micros])
         split_micro += split
-    return _Layout(steps, split_mini, split_micro)
+    widest = max(len(rows) * int(lengths[rows].max()) for micros in steps for rows in micros)
+    return _Layout(steps, split_mini, split_micro, widest)
 
 
 def update_policy(
@@ -182,7 +184,6 @@ def update_policy(
     layout = _layout(batch, cfg, pairs, groups)
     device = next(model.parameters()).device
     params = [p for p in model.parameters() if p.requires_grad]
-    lengths = batch.attention_mask.sum(1).cpu().numpy()
     model.train()
     totals: dict[str, float] = {}
     weights: dict[str, float] = {}
@@ -191,14 +192,13 @@ def update_policy(
         totals[key] = totals.get(key, 0.0) + float(value) * weight
         weights[key] = weights.get(key, 0.0) + weight
 
-    steps = skipped = used = widest = 0
+    steps = skipped = used = 0
     for _ in range(cfg.ppo_epochs):
         for micros in layout.steps:
             mini_rows = sum(len(rows) for rows in micros)
             mini_tokens = int(batch.response_mask[torch.as_tensor(np.concatenate(micros))].sum())
             optimizer.zero_grad(set_to_none=True)
             for rows in micros:
-                widest = max(widest, len(rows) * int(lengths[rows].max()))
                 stats = _micro_step(
                     model, ref_model, batch.select(rows).to(device), advantages[rows], rows,
                     pairs, cfg, lambda_pair,
@@ -222,7 +222,7 @@ def update_policy(
             "update/skipped": float(skipped),
             "update/rows": float(n),
             "update/tokens": float(batch.response_mask.sum()),
-            "update/max_micro_tokens": float(widest),
+            "update/max_micro_tokens": float(layout.widest),
             "pairs/given": float(len(pairs.plus)),
             "pairs/split_mini": float(layout.split_mini),
             "pairs/split_micro": float(layout.split_micro),

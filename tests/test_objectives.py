@@ -290,6 +290,42 @@ def test_plan_keeps_partners_together_golden():
     assert plan.split_pairs == 0
 
 
+def test_plan_never_splits_a_pair_when_only_pairs_are_left():
+    # 6 rows, all paired: (0, 1), (2, 3), (4, 5); micro-batch 3. After pair (0, 1) one place
+    # is left and no unpaired row can fill it, so pair (2, 3) starts a new batch (the
+    # planner used to put 2 next to 0, 1 and 3 into the next batch, splitting the pair).
+    plan = plan_micro_batches(6, 3, np.array([0, 2, 4]), np.array([1, 3, 5]))
+    assert [b.tolist() for b in plan.batches] == [[0, 1], [2, 3], [4, 5]]
+    assert plan.split_pairs == 0
+
+
+def test_plan_fills_with_singles_until_they_run_out():
+    # 7 rows, pairs (0, 1), (2, 3), (4, 5), single 6, micro-batch 3:
+    #   batch 0: 0, 1, one place left -> single 6;  batch 1: 2, 3, one place, no single left
+    #   -> batch 1 stays one short;  batch 2: 4, 5
+    plan = plan_micro_batches(7, 3, np.array([0, 2, 4]), np.array([1, 3, 5]))
+    assert [b.tolist() for b in plan.batches] == [[0, 1, 6], [2, 3], [4, 5]]
+    assert plan.split_pairs == 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 30), st.integers(2, 9), st.data())
+def test_plan_never_splits_a_pair_and_keeps_every_row_once(n, mbs, data):
+    # Any matching of any rows, any micro-batch size >= 2: every row appears exactly once,
+    # no batch is larger than the size or empty, and no pair is split.
+    perm = data.draw(st.permutations(range(n)))
+    n_pairs = data.draw(st.integers(0, n // 2))
+    plus = np.array(perm[:n_pairs], dtype=np.int64)
+    minus = np.array(perm[n_pairs : 2 * n_pairs], dtype=np.int64)
+    plan = plan_micro_batches(n, mbs, plus, minus)
+    rows = np.concatenate(plan.batches).tolist() if plan.batches else []
+    assert sorted(rows) == list(range(n))
+    assert all(1 <= len(b) <= mbs for b in plan.batches)
+    where = {int(r): i for i, b in enumerate(plan.batches) for r in b}
+    assert all(where[int(a)] == where[int(b)] for a, b in zip(plus, minus, strict=True))
+    assert plan.split_pairs == 0
+
+
 def test_plan_reports_split_pairs():
     # micro-batch size 1 cannot hold a pair: both pairs are split
     plan = plan_micro_batches(4, 1, np.array([0, 2]), np.array([1, 3]))

@@ -264,8 +264,9 @@ def plan_micro_batches(
     to one pair at most (:func:`mcgpo.build_preferences` guarantees it). Deterministic
     layout: pairs in order of their smaller row id, each partner next to the other, then the
     unpaired rows in increasing order. When a batch has one free place and the next unit is
-    a pair, the first remaining unpaired row fills it (if none is left, that batch stays one
-    short). Pairs are split only when ``micro_batch_size == 1``.
+    a pair, the first remaining unpaired row fills it; if none is left, the pair starts a new
+    batch and that batch stays one short. Pairs are split only when
+    ``micro_batch_size == 1``. ``split_pairs`` counts the split pairs.
     """
     plus = np.asarray(plus, dtype=np.int64).reshape(-1)
     minus = np.asarray(minus, dtype=np.int64).reshape(-1)
@@ -291,13 +292,11 @@ def plan_micro_batches(
     batches: list[list[int]] = [[]]
     s = 0
     for a, b in pairs:
-        room = micro_batch_size - len(batches[-1])
-        if room == 1 and s < len(singles):
-            batches[-1].append(singles[s])
-            s += 1
-            room = 0
-        if room == 0:
-            batches.append([])
+        if micro_batch_size - len(batches[-1]) == 1:  # one place left: a pair cannot fit
+            if s < len(singles):
+                batches[-1].append(singles[s])
+                s += 1
+            batches.append([])  # full now, or one short when no unpaired row is left
         batches[-1].append(a)
         if len(batches[-1]) == micro_batch_size:
             batches.append([])

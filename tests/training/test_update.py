@@ -14,12 +14,14 @@ import math
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mcgpo.policy import token_log_probs
 from mcgpo.policy.tiny import tiny_model, train_tokenizer
 from mcgpo.rollout.tokens import TokenBatch
 from mcgpo.training.config import TrainConfig
-from mcgpo.training.update import PairBatch, update_policy
+from mcgpo.training.update import PairBatch, plan_mini_batches, update_policy
 
 TEXTS = ["go to fridge 1", "open drawer 2", "take mug 1 from table 1", "put mug 1 in/on sink 1"]
 
@@ -45,7 +47,7 @@ def make_batch(model, lengths, seed=0) -> TokenBatch:
     return dataclasses.replace(batch, old_log_probs=old)
 
 
-def step(model, batch, advantages, cfg, *, pairs=None, lambda_pair=0.0, lr=1.0):
+def step(model, batch, advantages, cfg, *, pairs=None, lambda_pair=0.0, lr=1.0, groups=None):
     """Run update_policy on a copy of ``model`` with SGD; return (new model, stats, delta)."""
     model = copy.deepcopy(model)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
@@ -53,7 +55,7 @@ def step(model, batch, advantages, cfg, *, pairs=None, lambda_pair=0.0, lr=1.0):
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     stats = update_policy(
         model, opt, batch, np.asarray(advantages, dtype=np.float32), cfg,
-        pairs=pairs, lambda_pair=lambda_pair, ref_model=ref,
+        pairs=pairs, lambda_pair=lambda_pair, ref_model=ref, groups=groups,
     )  # fmt: skip
     delta = {n: p.detach() - before[n] for n, p in model.named_parameters()}
     return model, stats, delta
@@ -104,7 +106,7 @@ def test_gradient_does_not_depend_on_the_micro_batch_split(policy, micro):
     _, s_whole, d_whole = step(moved, batch, adv, whole, pairs=pairs, lambda_pair=lam)
     _, s_split, d_split = step(moved, batch, adv, split, pairs=pairs, lambda_pair=lam)
     assert_same_delta(d_whole, d_split)
-    assert s_split["pairs/split"] == 0.0
+    assert s_split["pairs/split_mini"] == s_split["pairs/split_micro"] == 0.0
     assert s_split["pairs/used"] == (0.0 if lam == 0 else 2.0)
     for key in ("loss/policy", "loss/kl", "policy/entropy"):
         assert s_split[key] == pytest.approx(s_whole[key], rel=1e-5, abs=1e-7)
@@ -201,3 +203,81 @@ def test_train_dual_clip_reaches_the_loss_and_zero_turns_it_off(policy, dual_cli
     _, stats, _ = step(model, batch, [-1.0, -1.0], cfg, lr=0.0)
     assert stats["loss/policy"] == pytest.approx(expected, rel=1e-5)
     assert stats["policy/pg_clipfrac_lower"] == (1.0 if dual_clip else 0.0)
+
+
+# --------------------------------------------------------------------------- mini-batches
+def test_mini_batches_are_whole_groups_packed_in_row_order():
+    # group sizes 3, 2, 4, 1 (rows 0-2, 3-4, 5-8, 9), size 5:
+    #   group 0 (3 rows) opens step 0; group 1 fits (3 + 2 = 5 <= 5);
+    #   group 2 (4 rows) would make 9 > 5 -> step 1; group 3 fits (4 + 1 = 5)
+    groups = np.array([0, 0, 0, 1, 1, 2, 2, 2, 2, 3])
+    minis = plan_mini_batches(10, 5, groups)
+    assert [m.tolist() for m in minis] == [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9]]
+    # size 3: group 0 alone (3); group 1 alone (2 + 4 > 3); group 2 is larger than the size
+    # and stays whole (never cut); group 3 follows it in a step of its own (4 + 1 > 3)
+    minis = plan_mini_batches(10, 3, groups)
+    assert [m.tolist() for m in minis] == [[0, 1, 2], [3, 4], [5, 6, 7, 8], [9]]
+
+
+def test_mini_batches_without_groups_or_size():
+    # no group ids: every row its own group, i.e. plain chunks in row order
+    assert [m.tolist() for m in plan_mini_batches(6, 4)] == [[0, 1, 2, 3], [4, 5]]
+    # size 0 (or >= the rows): the whole batch in one step
+    for size in (0, 6, 10):
+        assert [m.tolist() for m in plan_mini_batches(6, size, np.zeros(6))] == [list(range(6))]
+
+
+def test_mini_batches_take_groups_in_order_of_their_first_row():
+    # group ids need not be sorted or contiguous: group 7 first (rows 0, 3), then group 2
+    # (rows 1, 2), then group 5 (row 4); size 2 -> one group per step
+    minis = plan_mini_batches(5, 2, np.array([7, 2, 2, 7, 5]))
+    assert [m.tolist() for m in minis] == [[0, 3], [1, 2], [4]]
+
+
+def test_mini_batches_bad_groups():
+    with pytest.raises(ValueError, match=r"groups has shape \(3,\), expected \(4,\)"):
+        plan_mini_batches(4, 2, np.zeros(3))
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(1, 6), min_size=1, max_size=12), st.integers(0, 20))
+def test_mini_batches_keep_groups_whole_and_every_row_once(sizes, size):
+    # groups of the given sizes, laid out in row order: every row once, in row order inside
+    # a step, no group cut, and a step larger than ``size`` only when it is a single group
+    groups = np.repeat(np.arange(len(sizes)), sizes)
+    n = len(groups)
+    minis = plan_mini_batches(n, size, groups)
+    assert np.concatenate(minis).tolist() == list(range(n))
+    step_of_row = np.concatenate([np.full(len(m), k) for k, m in enumerate(minis)])
+    for g in range(len(sizes)):
+        assert len(set(step_of_row[groups == g].tolist())) == 1
+    for m in minis:
+        assert len(m) >= 1
+        if 0 < size < n and len(m) > size:
+            assert len(set(groups[m].tolist())) == 1
+
+
+def test_split_pairs_are_counted_per_update_by_kind(policy):
+    # 4 rows; without group ids each row is its own group, and mini-batches of 2 rows are
+    # [0, 1] and [2, 3]. Two PPO epochs of 2 steps each: 4 optimiser steps.
+    model, _ = policy
+    batch = make_batch(model, [(3, 2)] * 4, seed=9)
+    adv = [1.0, -1.0, 0.5, -0.5]
+    cfg = dataclasses.replace(SIMPLE, ppo_epochs=2, mini_batch_size=2, micro_batch_size=1)
+    # pairs (0, 1) and (2, 3) lie inside one mini-batch each; micro-batches of one row split
+    # both: split_micro 2, counted once per update (not once per epoch: that would be 4)
+    inside = PairBatch(np.array([0, 2]), np.array([1, 3]), np.array([1.0, 1.0]))
+    _, stats, _ = step(model, batch, adv, cfg, pairs=inside, lambda_pair=1.0)
+    assert stats["update/optimizer_steps"] == 4.0
+    assert stats["pairs/split_mini"] == 0.0 and stats["pairs/split_micro"] == 2.0
+    # pairs (0, 3) and (2, 1) straddle the two mini-batches: split_mini 2, never scored
+    across = PairBatch(np.array([0, 2]), np.array([3, 1]), np.array([1.0, 1.0]))
+    _, stats, _ = step(model, batch, adv, cfg, pairs=across, lambda_pair=1.0)
+    assert stats["pairs/split_mini"] == 2.0 and stats["pairs/split_micro"] == 0.0
+    assert stats["pairs/used"] == 0.0
+    # the same pairs with the rows' groups [0, 1, 1, 0]: mini-batches [0, 3] and [1, 2]
+    cfg = dataclasses.replace(cfg, micro_batch_size=2)
+    groups = np.array([0, 1, 1, 0])
+    _, stats, _ = step(model, batch, adv, cfg, pairs=across, lambda_pair=1.0, groups=groups)
+    assert stats["pairs/split_mini"] == stats["pairs/split_micro"] == 0.0
+    assert stats["pairs/used"] == 2.0  # both pairs scored in each of the 2 epochs, / epochs

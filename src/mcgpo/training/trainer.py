@@ -79,6 +79,7 @@ def train(cfg: RunConfig, command: str = "") -> Table:
             pairs=PairBatch(credit.plus, credit.minus, credit.weight),
             lambda_pair=cfg.algo.lambda_pair,
             ref_model=run.ref_model,
+            groups=learnable.table.group,  # mini-batches of whole task groups
         )
         t_update = time.perf_counter() - clock
         run.updates_done = update

@@ -20,10 +20,17 @@ Aggregation, stated exactly:
 2. The pair loss keeps the seed's per-micro-batch normalisation ``1/floor(|B|/2)``; the
    micro-batch terms are averaged with weights ``|B|/|M|`` (so with |B| even the sum equals
    ``2/|M| * sum_pairs c softplus(..)``, again independent of the split).
-3. Micro-batches come from :func:`mcgpo.objectives.plan_micro_batches`, which keeps pair
-   partners together; a pair split anyway (a partner set larger than a micro-batch) is
-   dropped and counted in ``pairs/split``. Mini-batches are planned the same way.
-4. Mini-batches are taken in row order, without shuffling, and every PPO epoch reuses the
+3. Mini-batches (one optimiser step each) are whole task groups in row order, packed to at
+   most ``train.mini_batch_size`` rows (:func:`plan_mini_batches`; a larger group is a step
+   of its own). The layout ignores the preference pairs, so GraphGPO and MCGPO take the
+   same optimiser steps on the same rows, and paired rows are spread over the steps like
+   any others; a pair lies inside one group, hence inside one mini-batch
+   (``pairs/split_mini`` counts the exceptions, 0 when the trainer passes the groups).
+   Inside a mini-batch, :func:`mcgpo.objectives.plan_micro_batches` keeps pair partners in
+   one micro-batch; by item 1 this moves float rounding only. A pair split anyway (micro-
+   batch size 1) is dropped and counted in ``pairs/split_micro``. Both counts are per
+   update: the layout is planned once and reused by every PPO epoch.
+4. Mini-batches are taken in that order, without shuffling, and every PPO epoch reuses the
    sampler's log-probs as pi_old (the weights are unchanged between sampling and the first
    step; later steps are off-policy as usual). Inside a mini-batch the rows are laid out by
    sequence length before planning micro-batches, so a micro-batch pads to little more than
@@ -45,7 +52,7 @@ from mcgpo.policy.logprobs import token_log_probs, token_log_probs_and_entropy
 from mcgpo.rollout.tokens import TokenBatch
 from mcgpo.training.config import TrainConfig
 
-__all__ = ["PairBatch", "clip_gradients", "update_policy"]
+__all__ = ["PairBatch", "clip_gradients", "plan_mini_batches", "update_policy"]
 
 
 @dataclass(frozen=True)
@@ -79,12 +86,71 @@ def _pairs_inside(rows: np.ndarray, pairs: PairBatch) -> PairBatch:
     return PairBatch(a[keep], b[keep], pairs.weight[keep])
 
 
-def _plan(n_rows: int, size: int, pairs: PairBatch) -> tuple[list[np.ndarray], int]:
-    """Row-index batches of at most ``size`` rows with pair partners kept together."""
+def plan_mini_batches(n_rows: int, size: int, groups: np.ndarray | None = None) -> list[np.ndarray]:
+    """Row ids of each optimiser step: whole task groups, packed to at most ``size`` rows.
+
+    ``groups``: ``[n_rows]`` group id of each row (the StepTable's ``group`` column); None
+    makes every row its own group. Groups are taken in order of their first row; a group
+    joins the current mini-batch while that keeps it at most ``size`` rows, otherwise it
+    starts the next one (a group larger than ``size`` is a mini-batch of its own, never cut).
+    Each mini-batch lists its rows in row order. ``size <= 0`` or ``size >= n_rows``: one
+    mini-batch. The layout does not look at preference pairs, so every algorithm gets the
+    same mini-batches; a pair lies inside one group and therefore inside one mini-batch.
+    """
+    if groups is None:
+        groups = np.arange(n_rows)
+    groups = np.asarray(groups).reshape(-1)
+    if groups.shape != (n_rows,):
+        raise ValueError(f"groups has shape {groups.shape}, expected ({n_rows},)")
     if size <= 0 or size >= n_rows:
-        return [np.arange(n_rows)], 0
-    plan = plan_micro_batches(n_rows, size, pairs.plus, pairs.minus)
-    return [np.asarray(b, dtype=np.int64) for b in plan.batches], int(plan.split_pairs)
+        return [np.arange(n_rows, dtype=np.int64)]
+    _, first, member = np.unique(groups, return_index=True, return_inverse=True)
+    counts = np.bincount(member)
+    step_of_group = np.empty(len(first), dtype=np.int64)
+    step, rows = 0, 0
+    for g in np.argsort(first, kind="stable"):
+        if rows and rows + counts[g] > size:
+            step, rows = step + 1, 0
+        step_of_group[g] = step
+        rows += counts[g]
+    step_of_row = step_of_group[member]
+    return [np.flatnonzero(step_of_row == k) for k in range(step + 1)]
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """The rows of every micro-batch of every optimiser step, planned once per update."""
+
+    steps: list[list[np.ndarray]]  # [mini-batch][micro-batch] -> batch row ids
+    split_mini: int  # pairs whose two rows lie in different mini-batches
+    split_micro: int  # pairs inside one mini-batch whose rows lie in different micro-batches
+    widest: int  # token slots (rows x padded length) of the largest micro-batch
+
+
+def _layout(
+    batch: TokenBatch, cfg: TrainConfig, pairs: PairBatch, groups: np.ndarray | None
+) -> _Layout:
+    """Mini-batches by task group; inside each, rows by length cut into micro-batches."""
+    n = len(batch)
+    minis = plan_mini_batches(n, cfg.mini_batch_size, groups)
+    step_of_row = np.empty(n, dtype=np.int64)
+    for k, mini in enumerate(minis):
+        step_of_row[mini] = k
+    split_mini = int(np.sum(step_of_row[pairs.plus] != step_of_row[pairs.minus]))
+    lengths = batch.attention_mask.sum(1).cpu().numpy()
+    steps, split_micro = [], 0
+    for mini in minis:
+        by_length = mini[np.argsort(lengths[mini], kind="stable")]  # less padding
+        inside = _pairs_inside(by_length, pairs)
+        if 0 < cfg.micro_batch_size < len(mini):
+            plan = plan_micro_batches(len(mini), cfg.micro_batch_size, inside.plus, inside.minus)
+            micros, split = list(plan.batches), plan.split_pairs
+        else:
+            micros, split = [np.arange(len(mini))], 0
+        steps.append([by_length[m] for m in micros])
+        split_micro += split
+    widest = max(len(rows) * int(lengths[rows].max()) for micros in steps for rows in micros)
+    return _Layout(steps, split_mini, split_micro, widest)
 
 
 def update_policy(
@@ -97,10 +163,13 @@ def update_policy(
     pairs: PairBatch | None = None,
     lambda_pair: float = 0.0,
     ref_model: Any = None,
+    groups: np.ndarray | None = None,
 ) -> dict[str, float]:
     """Run ``cfg.ppo_epochs`` passes of clipped policy-gradient steps over ``batch``.
 
     ``advantages`` holds one value per row of ``batch`` (broadcast to its response tokens).
+    ``groups`` (``[rows]``, the StepTable's ``group`` column) makes the mini-batches whole
+    task groups (:func:`plan_mini_batches`); None treats every row as its own group.
     ``ref_model`` is the frozen reference for the KL term (needed when ``cfg.kl_coef > 0``).
     Returns averaged statistics (losses, clip fractions, KL, entropy, gradient norm).
     """
@@ -112,6 +181,7 @@ def update_policy(
     if n == 0:  # every trajectory of the batch errored: nothing to learn from
         return {"update/optimizer_steps": 0.0, "update/rows": 0.0, "update/tokens": 0.0}
     pairs = pairs if pairs is not None and lambda_pair > 0 else PairBatch.empty()
+    layout = _layout(batch, cfg, pairs, groups)
     device = next(model.parameters()).device
     params = [p for p in model.parameters() if p.requires_grad]
     model.train()
@@ -122,23 +192,17 @@ def update_policy(
         totals[key] = totals.get(key, 0.0) + float(value) * weight
         weights[key] = weights.get(key, 0.0) + weight
 
-    lengths = batch.attention_mask.sum(1).cpu().numpy()
-    minis, split_mini = _plan(n, cfg.mini_batch_size, pairs)
-    steps = skipped = split_micro = used = widest = 0
+    steps = skipped = used = 0
     for _ in range(cfg.ppo_epochs):
-        for mini in minis:
-            by_length = mini[np.argsort(lengths[mini], kind="stable")]  # less padding
-            micros, split = _plan(len(mini), cfg.micro_batch_size, _pairs_inside(by_length, pairs))
-            split_micro += split
-            mini_tokens = int(batch.response_mask[torch.as_tensor(mini)].sum())
+        for micros in layout.steps:
+            mini_rows = sum(len(rows) for rows in micros)
+            mini_tokens = int(batch.response_mask[torch.as_tensor(np.concatenate(micros))].sum())
             optimizer.zero_grad(set_to_none=True)
-            for micro in micros:
-                rows = by_length[micro]
-                widest = max(widest, len(rows) * int(lengths[rows].max()))
+            for rows in micros:
                 stats = _micro_step(
                     model, ref_model, batch.select(rows).to(device), advantages[rows], rows,
                     pairs, cfg, lambda_pair,
-                    token_share=_share(batch, rows, mini_tokens), row_share=len(rows) / len(mini),
+                    token_share=_share(batch, rows, mini_tokens), row_share=len(rows) / mini_rows,
                 )  # fmt: skip
                 used += int(stats.pop("pairs/used")[0])
                 for key, (value, weight) in stats.items():
@@ -158,9 +222,10 @@ def update_policy(
             "update/skipped": float(skipped),
             "update/rows": float(n),
             "update/tokens": float(batch.response_mask.sum()),
-            "update/max_micro_tokens": float(widest),
+            "update/max_micro_tokens": float(layout.widest),
             "pairs/given": float(len(pairs.plus)),
-            "pairs/split": float(split_mini + split_micro),
+            "pairs/split_mini": float(layout.split_mini),
+            "pairs/split_micro": float(layout.split_micro),
             "pairs/used": float(used) / cfg.ppo_epochs,
         }
     )

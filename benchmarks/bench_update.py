@@ -145,11 +145,11 @@ def stress_pairs(table: Any) -> dict[str, np.ndarray]:
     }
 
 
-def run_update(policy, optimizer, ref, tokens, credit, cfg) -> dict[str, float]:
+def run_update(policy, optimizer, ref, tokens, credit, cfg, groups) -> dict[str, float]:
     return update_policy(
         policy, optimizer, tokens, credit.advantages, cfg.train,
         pairs=PairBatch(credit.plus, credit.minus, credit.weight),
-        lambda_pair=cfg.algo.lambda_pair, ref_model=ref,
+        lambda_pair=cfg.algo.lambda_pair, ref_model=ref, groups=groups,
     )  # fmt: skip
 
 
@@ -208,7 +208,7 @@ def main() -> None:
             policy.load_state_dict(start_weights)
             optimizer.load_state_dict(start_optim)
             with meter.measure():
-                stats = run_update(policy, optimizer, ref, tokens, credit[algo], c)
+                stats = run_update(policy, optimizer, ref, tokens, credit[algo], c, table.group)
             b = best[algo]
             b["update"] = min(b.get("update", np.inf), meter.seconds)
             b["peak"] = min(b.get("peak", np.inf), meter.peak_mib)
@@ -233,7 +233,7 @@ def main() -> None:
             credit_u = assign_credit(table_u, cfg.algo)
         credit_s = meter.seconds
         with meter.measure():
-            stats = run_update(policy, optimizer, ref, tokens_u, credit_u, cfg)
+            stats = run_update(policy, optimizer, ref, tokens_u, credit_u, cfg, table_u.group)
         split.append(
             (update, len(table_u), int(tokens_u.response_mask.sum()),
              int(tokens_u.attention_mask.sum()), stats.get("pairs/used", 0.0),

@@ -126,7 +126,11 @@ class TrainConfig:
     kl_kind: str = _opt("low_var_kl", "KL estimator: low_var_kl (k3), kl (k1), mse (k2), abs")
     entropy_coef: float = _opt(0.001, "entropy bonus coefficient")
     ppo_epochs: int = _opt(1, "passes over each rollout batch")
-    mini_batch_size: int = _opt(0, "rows per optimiser step; 0 = the whole batch")
+    mini_batch_size: int = _opt(
+        0,
+        "rows per optimiser step, at most (whole task groups; a larger group is a step alone); "
+        "0 = the whole batch",
+    )
     micro_batch_size: int = _opt(32, "rows per forward/backward pass (gradient accumulation)")
     logits_chunk: int = _opt(0, "positions per chunk of the LM head (large vocabularies); 0 = all")
     gradient_checkpointing: bool = _opt(False, "recompute activations in backward (large models)")

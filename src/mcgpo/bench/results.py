@@ -141,6 +141,8 @@ def bootstrap_interval(
     generator seeded with ``seed``), and returns the ``(1 - level) / 2`` and
     ``(1 + level) / 2`` quantiles of their means. The interval lies within
     ``[min(values), max(values)]``, so it excludes 0 when every value has the same sign.
+    With few values it is too narrow (two values: about their range), so a decision by it
+    wants 5 seeds or more.
     """
     if not 0.0 < level < 1.0:
         raise ValueError(f"level must be in (0, 1), got {level}")
@@ -314,7 +316,7 @@ def _render_paired(paired: Sequence[PairedDifference]) -> list[str]:
         f"{baseline}'s on the same seed, and a 95 % percentile-bootstrap interval over those "
         f"seeds ({BOOTSTRAP_RESAMPLES:,} resamples, resampling seed {BOOTSTRAP_SEED}); n/a "
         "with fewer than 2 seeds. An interval that excludes 0 says the sign of the difference "
-        "holds over these seeds.",
+        "holds over these seeds; with few seeds (under 5) the interval is too narrow.",
     ]
     return lines
 

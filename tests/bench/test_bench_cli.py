@@ -56,6 +56,9 @@ def test_bench_two_algorithms_two_seeds_end_to_end(tmp_path):
     assert "lr = 0.002" in run_cfg and "--train.lr" not in warm_cfg.splitlines()[0]
     md = (out / "results.md").read_text()
     assert "| grpo | 2 |" in md and "| mcgpo | 2 |" in md
+    # no graphgpo among the methods: the paired difference is against the first, grpo
+    paired = md.split("## Paired difference against grpo (method - grpo, per seed)")[1]
+    assert "| mcgpo | 2 |" in paired.split("## ")[0]
     assert (out / "curves.png").read_bytes()[:4] == b"\x89PNG"
     points = [json.loads(x) for x in (out / "evals.jsonl").read_text().splitlines()]
     # household-smoke evaluates before training and after each of its 2 updates

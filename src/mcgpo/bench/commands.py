@@ -2,7 +2,9 @@
 
 All three share one flow (see :mod:`mcgpo.bench.runner`): warm start once, run every
 (variant, seed) as its own process from the same warm-started policy, then aggregate the
-evaluations into ``results.md`` (mean ± SD over seeds), plots and the raw points.
+evaluations into ``results.md`` (mean ± SD over seeds, and each method's paired difference
+against GraphGPO, or the first method, with a 95 % bootstrap interval), plots and the raw
+points.
 
 * ``bench``: the methods named by ``--algos`` with their default options.
 * ``ablate``: MCGPO's controls (seed 000, "Factorial controls"): opposite-fold vs same-fold
@@ -27,6 +29,7 @@ from typing import NoReturn
 from mcgpo.bench.plots import plot_learning_curves, plot_task_type_bars
 from mcgpo.bench.results import (
     RunResult,
+    paired_differences,
     render_results_md,
     summarise,
     write_atomic,
@@ -103,7 +106,13 @@ def _parser(prog: str, description: str) -> argparse.ArgumentParser:
 
 
 def bench_main(argv: Sequence[str] | None = None) -> int:
-    p = _parser("mcgpo bench", "Compare methods over seeds from one warm-started policy.")
+    p = _parser(
+        "mcgpo bench",
+        "Compare methods over seeds from one warm-started policy. results.md holds success "
+        "mean ± SD over seeds and, under it, each method's paired difference against "
+        "graphgpo (or the first method): mean over shared seeds and a 95 % bootstrap "
+        "interval.",
+    )
     p.add_argument(
         "--algos",
         default="grpo,gigpo,graphgpo,mcgpo",
@@ -298,11 +307,13 @@ def _warm_start(command: str, warm: Path, flags: Sequence[str]) -> str | None:
 
 
 def _write_results(command: str, out: Path, runs: Sequence[RunResult], header: list[str]) -> None:
-    """results.md (printed too), evals.jsonl, curves.png and, with task types, task_types.png."""
+    """results.md (printed too; the paired differences against the baseline under the main
+    table), evals.jsonl, curves.png and, with task types, task_types.png."""
     summaries = summarise(runs)
+    paired = paired_differences(runs)  # against graphgpo if it ran, else the first method
     write_atomic(
         out / "results.md",
-        render_results_md(summaries, title=f"mcgpo {command}", header_lines=header),
+        render_results_md(summaries, title=f"mcgpo {command}", header_lines=header, paired=paired),
     )
     write_points_jsonl(out / "evals.jsonl", runs)
     plot_learning_curves(runs, out / "curves.png")

@@ -7,6 +7,10 @@ This module turns them into mean +- SD over seeds of
 * the final evaluation (success overall and per task type, or score and success),
 * integrated success: the mean success over all evaluation points of training,
 * time per update and, for MCGPO, preference statistics,
+* the paired difference of each method against a baseline (GraphGPO when it ran, else the
+  first method): per seed that both ran, method minus baseline, of final and of integrated
+  success; their mean and a 95 % percentile-bootstrap interval over seeds
+  (:func:`paired_differences`, :func:`bootstrap_interval`),
 
 and writes ``results.md`` and the raw points as JSONL. SD is the sample standard deviation
 over seeds (``ddof=1``); with one seed it is reported as 0 and the table says ``n=1``.
@@ -25,11 +29,17 @@ from pathlib import Path
 import numpy as np
 
 __all__ = [
+    "BOOTSTRAP_RESAMPLES",
+    "BOOTSTRAP_SEED",
     "EvalPoint",
     "MethodSummary",
+    "PairedDifference",
+    "PairedEstimate",
     "RunResult",
+    "bootstrap_interval",
     "format_mean_sd",
     "mean_sd",
+    "paired_differences",
     "render_results_md",
     "summarise",
     "write_atomic",
@@ -74,6 +84,34 @@ class MethodSummary:
     preference_stats: dict[str, tuple[float, float]]
 
 
+@dataclass(frozen=True)
+class PairedEstimate:
+    """The mean of per-seed differences and its 95 % bootstrap interval (None with < 2)."""
+
+    mean: float
+    interval: tuple[float, float] | None
+
+
+@dataclass(frozen=True)
+class PairedDifference:
+    """``method`` minus ``baseline``, paired by seed, over the seeds both ran.
+
+    ``final_success`` and ``integrated_success`` are None when no seed is shared.
+    """
+
+    method: str
+    baseline: str
+    seeds: tuple[int, ...]
+    final_success: PairedEstimate | None
+    integrated_success: PairedEstimate | None
+
+
+# Percentile bootstrap over seeds: resamples, and the fixed seed of the resampling (the same
+# runs always give the same interval).
+BOOTSTRAP_RESAMPLES = 10_000
+BOOTSTRAP_SEED = 0
+
+
 def mean_sd(values: Sequence[float]) -> tuple[float, float]:
     """Mean and sample SD (ddof=1; 0 for a single value). Empty input is an error."""
     arr = np.asarray(list(values), dtype=np.float64)
@@ -88,6 +126,88 @@ def format_mean_sd(pair: tuple[float, float] | None, scale: float = 100.0, digit
     if pair is None or any(math.isnan(v) for v in pair):
         return "–"
     return f"{pair[0] * scale:.{digits}f} ± {pair[1] * scale:.{digits}f}"
+
+
+def bootstrap_interval(
+    values: Sequence[float],
+    *,
+    level: float = 0.95,
+    resamples: int = BOOTSTRAP_RESAMPLES,
+    seed: int = BOOTSTRAP_SEED,
+) -> tuple[float, float] | None:
+    """Percentile-bootstrap interval of the mean of ``values``; None for fewer than 2 values.
+
+    Draws ``resamples`` samples of ``len(values)`` with replacement (numpy's default
+    generator seeded with ``seed``), and returns the ``(1 - level) / 2`` and
+    ``(1 + level) / 2`` quantiles of their means. The interval lies within
+    ``[min(values), max(values)]``, so it excludes 0 when every value has the same sign.
+    With few values it is too narrow (two values: about their range), so a decision by it
+    wants 5 seeds or more.
+    """
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"level must be in (0, 1), got {level}")
+    if resamples < 1:
+        raise ValueError(f"resamples must be >= 1, got {resamples}")
+    arr = np.asarray(list(values), dtype=np.float64)
+    if not np.all(np.isfinite(arr)):
+        raise ValueError("bootstrap_interval of a non-finite value")
+    if arr.size < 2:
+        return None
+    rng = np.random.default_rng(seed)
+    means = arr[rng.integers(0, arr.size, size=(resamples, arr.size))].mean(axis=1)
+    low, high = np.quantile(means, [(1.0 - level) / 2.0, (1.0 + level) / 2.0])
+    return float(low), float(high)
+
+
+def _paired_estimate(diffs: Sequence[float]) -> PairedEstimate | None:
+    if not diffs:
+        return None
+    return PairedEstimate(float(np.mean(diffs)), bootstrap_interval(diffs))
+
+
+def paired_differences(
+    runs: Iterable[RunResult], baseline: str | None = None
+) -> list[PairedDifference]:
+    """Each method against ``baseline`` (default: ``graphgpo`` if it ran, else the first
+    method), paired by seed: a seed that one of the two did not run is left out.
+
+    One entry per other method, in order of first appearance; empty with fewer than two
+    methods. Final success is the last evaluation point's, integrated success the mean over
+    all points (as in :func:`summarise`).
+    """
+    by_method: dict[str, dict[int, RunResult]] = {}
+    for run in runs:
+        if not run.points:
+            raise ValueError(f"run {run.method} seed {run.seed} has no evaluation points")
+        seeds = by_method.setdefault(run.method, {})
+        if run.seed in seeds:
+            raise ValueError(f"two runs of {run.method} with seed {run.seed}")
+        seeds[run.seed] = run
+    if baseline is None:
+        baseline = "graphgpo" if "graphgpo" in by_method else next(iter(by_method), None)
+    elif baseline not in by_method:
+        raise ValueError(f"baseline {baseline!r} has no runs; methods: {', '.join(by_method)}")
+    if baseline is None:
+        return []
+    base = by_method[baseline]
+    out = []
+    for method, mine in by_method.items():
+        if method == baseline:
+            continue
+        shared = sorted(set(mine) & set(base))
+        final = [mine[s].points[-1].success - base[s].points[-1].success for s in shared]
+        integ = [_integrated(mine[s]) - _integrated(base[s]) for s in shared]
+        out.append(
+            PairedDifference(
+                method, baseline, tuple(shared), _paired_estimate(final), _paired_estimate(integ)
+            )
+        )
+    return out
+
+
+def _integrated(run: RunResult) -> float:
+    """Integrated success: the mean success over all evaluation points of the run."""
+    return float(np.mean([p.success for p in run.points]))
 
 
 def summarise(runs: Iterable[RunResult]) -> list[MethodSummary]:
@@ -111,9 +231,7 @@ def summarise(runs: Iterable[RunResult]) -> list[MethodSummary]:
                 method=method,
                 seeds=tuple(r.seed for r in method_runs),
                 final_success=mean_sd([p.success for p in finals]),
-                integrated_success=mean_sd(
-                    [float(np.mean([p.success for p in r.points])) for r in method_runs]
-                ),
+                integrated_success=mean_sd([_integrated(r) for r in method_runs]),
                 per_type=per_type,
                 score=mean_sd(scores) if scores else None,
                 seconds_per_update=mean_sd(secs) if secs else None,
@@ -129,9 +247,14 @@ def summarise(runs: Iterable[RunResult]) -> list[MethodSummary]:
 
 
 def render_results_md(
-    summaries: Sequence[MethodSummary], *, title: str, header_lines: Sequence[str] = ()
+    summaries: Sequence[MethodSummary],
+    *,
+    title: str,
+    header_lines: Sequence[str] = (),
+    paired: Sequence[PairedDifference] = (),
 ) -> str:
-    """The results table as Markdown: success (%) mean ± SD over seeds, then details."""
+    """The results table as Markdown: success (%) mean ± SD over seeds, under it the paired
+    differences against the baseline (when given), then details."""
     lines = [f"# {title}", ""]
     lines += [*header_lines, ""] if header_lines else []
     types = sorted({t for s in summaries for t in s.per_type})
@@ -158,6 +281,7 @@ def render_results_md(
         "Values are percent, mean ± sample SD over seeds (final evaluation unless "
         "stated); integrated success is the mean over all evaluation points of training.",
     ]
+    lines += _render_paired(paired)
     prefs = [s for s in summaries if "preferences" in s.preference_stats]
     if prefs:
         keys = [k for k in PREFERENCE_COLUMNS if any(k in s.preference_stats for s in prefs)]
@@ -168,6 +292,48 @@ def render_results_md(
             vals = [format_mean_sd(s.preference_stats.get(k), scale=1.0, digits=3) for k in keys]
             lines.append(f"| {s.method} | " + " | ".join(vals) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _render_paired(paired: Sequence[PairedDifference]) -> list[str]:
+    """The paired-difference section of results.md (no lines when there is none)."""
+    if not paired:
+        return []
+    baseline = paired[0].baseline
+    lines = [
+        "",
+        f"## Paired difference against {baseline} (method - {baseline}, per seed)",
+        "",
+        "| Method | n | Final success Δ | 95 % interval | Integrated success Δ | 95 % interval |",
+        "|---|---|---|---|---|---|",
+    ]
+    for d in paired:
+        row = [d.method, str(len(d.seeds))]
+        row += _format_estimate(d.final_success) + _format_estimate(d.integrated_success)
+        lines.append("| " + " | ".join(row) + " |")
+    lines += [
+        "",
+        "Percentage points: the mean over the seeds both ran (n) of the method's value minus "
+        f"{baseline}'s on the same seed, and a 95 % percentile-bootstrap interval over those "
+        f"seeds ({BOOTSTRAP_RESAMPLES:,} resamples, resampling seed {BOOTSTRAP_SEED}); n/a "
+        "with fewer than 2 seeds. An interval that excludes 0 says the sign of the difference "
+        "holds over these seeds; with few seeds (under 5) the interval is too narrow.",
+    ]
+    return lines
+
+
+def _format_estimate(est: PairedEstimate | None) -> list[str]:
+    """``["+1.2", "[-0.5, +3.0]"]`` in percentage points; ``n/a`` where not defined."""
+    if est is None:
+        return ["n/a", "n/a"]
+    interval = "n/a"
+    if est.interval is not None:
+        interval = f"[{_signed(est.interval[0])}, {_signed(est.interval[1])}]"
+    return [_signed(est.mean), interval]
+
+
+def _signed(value: float) -> str:
+    text = f"{100.0 * value:+.1f}"
+    return "0.0" if text in ("+0.0", "-0.0") else text
 
 
 def write_points_jsonl(path: Path, runs: Iterable[RunResult]) -> None:

@@ -156,7 +156,13 @@ def test_toml_round_trip_property(lr, updates, name, text, flag):
 
 def test_every_shipped_preset_loads_checks_and_names_its_command():
     names = available_presets()
-    assert {"household-quick", "webshop-quick", "alfworld-paper", "webshop-paper"} <= set(names)
+    assert {
+        "household-quick",
+        "webshop-quick",
+        "alfworld-paper",
+        "webshop-paper",
+        "webshop-paper-qwen3",
+    } <= set(names)
     for name in names:
         cfg = from_dict(load_preset(name), where=name)
         cfg.check()
@@ -167,11 +173,11 @@ def test_every_shipped_preset_loads_checks_and_names_its_command():
 
 
 def test_paper_presets_follow_the_paper_recipe():
-    # reference/algorithms.md 1.4: 16 x 8, 150 iterations, lr 1e-6, KL 0.01, 512 response
-    # tokens, history 2, 50 (ALFWorld) / 15 (WebShop) turns.
+    # MCGPO's recipe (seed 000, "How to use it"; issue 13 moved it from GiGPO's 150): 16 x 8,
+    # 250 updates, lr 1e-6, KL 0.01, 512 response tokens, history 2, 50 / 15 turns.
     for name, turns in (("alfworld-paper", 50), ("webshop-paper", 15)):
         cfg = from_dict(load_preset(name))
-        assert (cfg.rollout.groups, cfg.rollout.group_size, cfg.train.updates) == (16, 8, 150)
+        assert (cfg.rollout.groups, cfg.rollout.group_size, cfg.train.updates) == (16, 8, 250)
         assert (cfg.train.lr, cfg.train.kl_coef, cfg.rollout.max_new_tokens) == (1e-6, 0.01, 512)
         assert (cfg.rollout.history, cfg.env.max_turns) == (2, turns)
 

@@ -127,7 +127,7 @@ def build_preferences(
 def _match(table: StepTable, dec: Decisions, opts: PreferenceOptions) -> _Candidates:
     """Candidate pairs of every rule level with their evidence, stacked in level order."""
     keys = level_keys(table, dec, opts.matching)
-    parts = [level_pairs(dec, key, opts.evidence) for _, key in keys]
+    parts = [level_pairs(dec, key, action, opts.evidence) for _, key, action in keys]
     return _Candidates(
         a=np.concatenate([p.a for p in parts]),
         b=np.concatenate([p.b for p in parts]),
@@ -135,7 +135,7 @@ def _match(table: StepTable, dec: Decisions, opts: PreferenceOptions) -> _Candid
         support_a=np.concatenate([p.support_a for p in parts]),
         support_b=np.concatenate([p.support_b for p in parts]),
         gap=np.concatenate([p.value_a - p.value_b for p in parts]),
-        level_names=[name for name, _ in keys],
+        level_names=[name for name, _, _ in keys],
     )
 
 

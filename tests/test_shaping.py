@@ -129,6 +129,20 @@ def test_default_coefficient():
     assert SHAPING_COEF == 1.0
 
 
+def test_control_options_default_the_step_bonus_to_the_shaping_coefficient():
+    # the control's estimator options are GraphGPO's with progress_coef = SHAPING_COEF, so
+    # the resolved default config and --help name the bonus that enters R^G
+    from mcgpo.cli import _algo_epilog
+    from mcgpo.training.algorithms import algorithm_options
+
+    cls, pairs = algorithm_options("graphgpo_shaping")
+    assert pairs is None and cls().progress_coef == SHAPING_COEF == AlgoConfig().shaping_coef
+    assert algorithm_options("graphgpo")[0]().progress_coef == 0.0
+    resolved = resolve_algo(AlgoConfig(name="graphgpo_shaping"), group_size=8)
+    assert resolved.estimator == cls().as_dict()
+    assert f"progress_coef={SHAPING_COEF}" in _algo_epilog()
+
+
 @pytest.mark.parametrize("coef", [-1.0, float("nan"), float("inf"), True, "1"])
 def test_bad_coefficient(coef):
     with pytest.raises(ValueError, match="shape_rewards: 'coef' must be a finite number >= 0"):

@@ -26,9 +26,10 @@ from typing import Any
 import numpy as np
 
 from mcgpo.advantages import ESTIMATOR_OPTIONS, ESTIMATORS, estimate
-from mcgpo.options import Options, parse_text
+from mcgpo.advantages.graphgpo import GraphgpoOptions
+from mcgpo.options import Options, option, parse_text
 from mcgpo.preferences import PreferenceOptions, build_preferences
-from mcgpo.shaping import shape_rewards
+from mcgpo.shaping import SHAPING_COEF, shape_rewards
 from mcgpo.steps import StepTable
 from mcgpo.training.config import AlgoConfig, ConfigError
 
@@ -36,6 +37,7 @@ __all__ = [
     "ALGORITHMS",
     "Algorithm",
     "Credit",
+    "ShapingOptions",
     "algorithm_options",
     "assign_credit",
     "resolve_algo",
@@ -43,16 +45,27 @@ __all__ = [
 
 
 @dataclass(frozen=True)
+class ShapingOptions(GraphgpoOptions):
+    """GraphGPO's options as ``graphgpo_shaping`` uses them: the step bonus is the control's
+    shaping coefficient (``--algo.shaping_coef``), so its default is that one's."""
+
+    progress_coef: float = option(
+        SHAPING_COEF, "= --algo.shaping_coef: the progress increments also enter R^G"
+    )
+
+
+@dataclass(frozen=True)
 class Algorithm:
     estimator: str  # advantage estimator name in mcgpo.ESTIMATORS
     pairs: bool = False  # add lambda_pair * L_pair on MCGPO preferences
     shaping: bool = False  # rubric progress increments in the rewards and in GraphGPO's R^G
+    options: type[Options] | None = None  # estimator options, when not the estimator's own
 
 
 ALGORITHMS: dict[str, Algorithm] = {
     **{name: Algorithm(name) for name in ESTIMATORS},
     "mcgpo": Algorithm("graphgpo", pairs=True),
-    "graphgpo_shaping": Algorithm("graphgpo", shaping=True),
+    "graphgpo_shaping": Algorithm("graphgpo", shaping=True, options=ShapingOptions),
 }
 
 
@@ -72,7 +85,8 @@ def algorithm_options(name: str) -> tuple[type[Options], type[PreferenceOptions]
     """(estimator options class, preference options class or None) of an algorithm: their
     fields carry each default and its reason (the CLI's ``--help`` lists them)."""
     spec = ALGORITHMS[name]
-    return ESTIMATOR_OPTIONS[spec.estimator], PreferenceOptions if spec.pairs else None
+    estimator = spec.options or ESTIMATOR_OPTIONS[spec.estimator]
+    return estimator, PreferenceOptions if spec.pairs else None
 
 
 def resolve_algo(algo: AlgoConfig, group_size: int) -> AlgoConfig:

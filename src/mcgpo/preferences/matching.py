@@ -67,9 +67,9 @@ def coarse_action_codes(texts: np.ndarray, mode: str, exact: np.ndarray) -> np.n
     from countertop"``, :func:`mcgpo.envs.alfworld_keys.coarse`); "exact" keeps ``exact``."""
     if mode == "exact" or len(texts) == 0:
         return exact
-    unique, inverse = np.unique(texts, return_inverse=True)  # one regex per distinct text
-    coarse_texts = np.array([coarse(str(text)) for text in unique], dtype=object)
-    return value_codes(coarse_texts[inverse.reshape(-1)])
+    distinct = sorted(set(texts.tolist()))  # exact[i] is the rank of texts[i] here
+    coarse_rank = value_codes(np.array([coarse(str(text)) for text in distinct], dtype=object))
+    return coarse_rank[exact]
 
 
 def level_keys(

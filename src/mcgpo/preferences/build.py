@@ -6,7 +6,8 @@ Per group of N sibling rollouts (seed steps 1-4; docs/algorithms/mcgpo.md):
     match     g = (h(s), C, F); first eligible visit per (trajectory, g); a candidate pair is
               two first visits of g by trajectories of one fold with different actions
     resolve   exact rule, else coarse rule; a rule qualifies when both actions have
-              |S(g, a)| >= m evidence trajectories; chosen before the gap is seen
+              |S(g, a)| >= m evidence trajectories; chosen before the gap is seen. The
+              coarse rule reads actions without instance numbers (``coarse_actions``)
     label     Delta_u = u(g, a+) - u(g, a-) > 0, kept if |Delta_u| >= epsilon
     weight    c = |Delta_u| * n / (n + kappa) * q_level,  n = min(|S(g, a+)|, |S(g, a-)|)
     allocate  earliest comparison per sibling pair; <= max_per_fold per fold; rows used once

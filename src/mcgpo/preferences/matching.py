@@ -1,9 +1,11 @@
 """Context keys, first visits, fold evidence and candidate pairs (MCGPO steps 1-2).
 
 Everything here works on the *decision rows*: rows of non-errored trajectories whose action
-was valid (the "eligible" visits). Integer codes are ranks of the sorted distinct values
-(:mod:`mcgpo.grouping`), so no result depends on row order. Shapes: ``[E]`` = one entry per decision row,
-``[P]`` = one entry per candidate pair of one rule level.
+was valid (the "eligible" visits). Each rule level has its own action codes: the exact level
+compares the texts, the coarse level (by default) the texts without instance numbers.
+Integer codes are ranks of the sorted distinct values (:mod:`mcgpo.grouping`), so no result
+depends on row order. Shapes: ``[E]`` = one entry per decision row, ``[P]`` = one entry per
+candidate pair of one rule level.
 """
 
 from __future__ import annotations

@@ -2,12 +2,12 @@
 
 Conventions used in every test (unless a test says otherwise): N = 8, fold 0 =
 slots 0-3, fold 1 = slots 4-7, m = 1, epsilon = 0.25, kappa = 1, q_exact = 1,
-q_coarse = 0.5, at most 2 preferences per fold. kappa = 1 and q_coarse = 0.5 were the
-defaults when these were derived; the sweep (docs/results §3) set the defaults to kappa = 0,
-q_coarse = 1, so ``build`` pins the derivations' values and
-``test_defaults_are_the_swept_values`` checks the current defaults. A step is written (state, action); the
-coarse state drops the digits ("sink 1" -> "sink"). Slots that play no part are left out:
-a group may hold fewer than N trajectories (folds are by slot).
+q_coarse = 0.5, at most 2 preferences per fold. ``build`` pins kappa and q_coarse, the values
+the derivations were made with (they are the defaults again, after a one-seed sweep had set
+kappa = 0, q_coarse = 1 for a while); ``test_defaults_keep_the_paper_components_on`` checks
+the current defaults. A step is written (state, action); the coarse state drops the digits
+("sink 1" -> "sink"). Slots that play no part are left out: a group may hold fewer than N
+trajectories (folds are by slot).
 """
 
 from __future__ import annotations
@@ -417,6 +417,63 @@ def test_weight_formula_with_kappa():
     assert build(t, kappa=3.0).weight.tolist() == [0.25, 0.25]
 
 
+# --------------------------------------------------------------------------- coarse actions
+MUGS = [
+    # Fold 0 and fold 1 alike: one sibling at "countertop 1" takes mug 1 there and wins, the
+    # other at "countertop 2" takes mug 2 there and fails. The exact states differ; the
+    # coarse state "countertop" is shared.
+    (0, 1, [("countertop 1", "take mug 1 from countertop 1")]),
+    (1, 0, [("countertop 2", "take mug 2 from countertop 2")]),
+    (4, 1, [("countertop 1", "take mug 1 from countertop 1")]),
+    (5, 0, [("countertop 2", "take mug 2 from countertop 2")]),
+]
+
+
+def test_coarse_actions_drop_instance_numbers_at_the_coarse_level():
+    # No exact candidates (different exact states). At the coarse key "countertop":
+    # coarse_actions="coarse" (default): both actions read "take mug from countertop", the
+    #   same action -> no candidate pair at all; the four rows are unmatched.
+    t = group_table(MUGS)
+    prefs = build(t)
+    assert len(prefs) == 0
+    assert prefs.stats["candidate_pairs"] == 0 and prefs.stats["dropped_no_match"] == 4
+    # coarse_actions="exact": "take mug 1 ..." vs "take mug 2 ..." differ -> a coarse pair in
+    #   each fold, labelled by the other: S(mug 1) = {4} won, S(mug 2) = {5} failed,
+    #   Delta_u = 1, n = 1, c = 1 * 1/2 * q_coarse(0.5) = 0.25 -> plus = slot 0; fold 1 mirrors
+    #   it (u(mug 1) = y_0 = 1, u(mug 2) = y_1 = 0) -> plus = slot 4.
+    prefs = build(t, coarse_actions="exact")
+    assert as_tuples(t, prefs) == [
+        ((0, 0), (1, 0), 0.25, "coarse"),
+        ((4, 0), (5, 0), 0.25, "coarse"),
+    ]
+
+
+def test_coarse_actions_pool_evidence_across_instances():
+    # Fold 0 meets at "countertop 1": take mug 1 (slot 0, won) vs go to fridge 1 (slot 1,
+    # failed). Fold 1 meets at "countertop 2": take mug 2 (slot 4, won) vs go to fridge 1
+    # (slot 5, failed). No exact evidence: each fold's exact state is absent from the other.
+    # coarse_actions="coarse": the coarse key "countertop" and the actions "take mug from
+    #   countertop" / "go to fridge": fold 0's pair is labelled by S(take mug ...) = {4} (won)
+    #   and S(go to fridge) = {5} (failed): Delta_u = 1, n = 1, c = 1 * 1/2 * 0.5 = 0.25,
+    #   plus = slot 0; fold 1 mirrors it with y_0 = 1, y_1 = 0: plus = slot 4.
+    t = group_table(
+        [
+            (0, 1, [("countertop 1", "take mug 1 from countertop 1")]),
+            (1, 0, [("countertop 1", "go to fridge 1")]),
+            (4, 1, [("countertop 2", "take mug 2 from countertop 2")]),
+            (5, 0, [("countertop 2", "go to fridge 1")]),
+        ]
+    )
+    assert as_tuples(t, build(t)) == [
+        ((0, 0), (1, 0), 0.25, "coarse"),
+        ((4, 0), (5, 0), 0.25, "coarse"),
+    ]
+    # coarse_actions="exact": nobody in fold 1 took "take mug 1 from countertop 1" (nor anyone
+    #   in fold 0 "take mug 2 from countertop 2"): both pairs lack support at both levels.
+    prefs = build(t, coarse_actions="exact")
+    assert len(prefs) == 0 and prefs.stats["dropped_no_support"] == 2
+
+
 def test_group_size_and_split_options():
     # N = 4: folds are slots {0, 1} and {2, 3}; the SWAP layout moved to slots 0, 1, 2, 3.
     t = group_table(
@@ -463,6 +520,10 @@ def test_empty_table():
         ({"evidence": "both"}, "unknown evidence mode 'both'; choose one of opposite_fold"),
         ({"weighting": "gap"}, "unknown weighting mode 'gap'"),
         ({"matching": "state"}, "unknown matching mode 'state'"),
+        (
+            {"coarse_actions": "ids"},
+            "unknown coarse_actions mode 'ids'; choose one of coarse, exact",
+        ),
         ({"lambda_pair": 0.1}, "unknown option 'lambda_pair'"),
     ],
 )
@@ -486,21 +547,24 @@ def test_rejects_non_table():
 
 def test_options_dataclass_defaults():
     o = PreferenceOptions()
-    assert (o.group_size, o.split, o.min_support, o.epsilon, o.kappa) == (8, 4, 1, 0.25, 0.0)
-    assert (o.q_exact, o.q_coarse, o.max_per_fold) == (1.0, 1.0, 2)
+    assert (o.group_size, o.split, o.min_support, o.epsilon, o.kappa) == (8, 4, 1, 0.25, 1.0)
+    assert (o.q_exact, o.q_coarse, o.max_per_fold) == (1.0, 0.5, 2)
     assert (o.evidence, o.weighting, o.matching) == ("opposite_fold", "evidence", "joint")
+    assert o.coarse_actions == "coarse"
 
 
-def test_defaults_are_the_swept_values():
-    # docs/results §3: kappa 0, q_coarse 1.0 and lambda_pair 1.0 beat the former defaults
-    # (1, 0.5, 0.1) by more than the bench's seed SD of integrated success; epsilon stayed.
+def test_defaults_keep_the_paper_components_on():
+    # docs/algorithms/mcgpo.md "Hyper-parameters": kappa > 0 keeps the support shrinkage
+    # n/(n + kappa) and q_coarse < q_exact the per-resolution factor, so c is not |Delta_u|.
     opts = PreferenceOptions()
-    assert (opts.epsilon, opts.kappa, opts.q_exact, opts.q_coarse) == (0.25, 0.0, 1.0, 1.0)
+    assert (opts.epsilon, opts.kappa, opts.q_exact, opts.q_coarse) == (0.25, 1.0, 1.0, 0.5)
+    assert opts.kappa > 0 and opts.q_coarse < opts.q_exact
+    assert (opts.evidence, opts.weighting, opts.matching) == ("opposite_fold", "evidence", "joint")
     from mcgpo.training.config import LAMBDA_PAIR, AlgoConfig
 
     assert LAMBDA_PAIR == AlgoConfig().lambda_pair == 1.0
-    # The exact-match group of test_exact_match under the defaults:
-    #   c = |Delta_u| * n/(n + 0) * q_exact = 1 * 1 * 1 = 1.0 (was 0.5 with kappa = 1).
+    # test_exact_match's group under the defaults: c = 1 * 1/(1 + 1) * q_exact = 0.5;
+    # test_exact_unsupported_then_coarse's: c = 1 * 1/2 * q_coarse = 0.25 (both as derived).
     t = group_table(
         [
             (0, 0, [("sink 1", "x")]),
@@ -509,4 +573,4 @@ def test_defaults_are_the_swept_values():
             (5, 0, [("sink 1", "y")]),
         ]
     )
-    assert as_tuples(t, mcgpo.build_preferences(t)) == [((0, 0), (1, 0), 1.0, "exact")]
+    assert as_tuples(t, mcgpo.build_preferences(t)) == [((0, 0), (1, 0), 0.5, "exact")]

@@ -11,8 +11,8 @@ import mcgpo
 from mcgpo.bench.synthetic import synthetic_table
 from mcgpo.shaping import SHAPING_COEF, shape_rewards
 from mcgpo.steps import StepTable
-from mcgpo.training.algorithms import assign_credit
-from mcgpo.training.config import AlgoConfig
+from mcgpo.training.algorithms import assign_credit, resolve_algo
+from mcgpo.training.config import AlgoConfig, ConfigError
 
 
 def two_trajectories() -> StepTable:
@@ -75,13 +75,14 @@ def test_bonus_telescopes_over_a_trajectory(seed, coef):
 
 
 def test_graphgpo_shaping_algorithm_is_graphgpo_on_the_shaped_table():
-    # the control as the trainer runs it (graphgpo_with_shaping, never called, is gone)
+    # the control as the trainer runs it (graphgpo_with_shaping, never called, is gone):
+    # shaped rewards for the episode term, the same increments in R^G for the step term
     t = synthetic_table(3, 8, 15, seed=1)
     algo = AlgoConfig(name="graphgpo_shaping", shaping_coef=1.5, estimator={"omega": 0.2})
     adv = assign_credit(t, algo).advantages
-    ref, _ = mcgpo.estimate("graphgpo", shape_rewards(t, 1.5), omega=0.2)
+    ref, _ = mcgpo.estimate("graphgpo", shape_rewards(t, 1.5), omega=0.2, progress_coef=1.5)
     assert np.array_equal(adv, ref)
-    # the bonus reaches the advantages (through the episode return)
+    # the bonus reaches the advantages (through the episode return and the step credit)
     plain, _ = mcgpo.estimate("graphgpo", t, omega=0.2)
     assert not np.allclose(adv, plain)
     # and coef 0 is plain GraphGPO
@@ -89,8 +90,57 @@ def test_graphgpo_shaping_algorithm_is_graphgpo_on_the_shaped_table():
     assert np.array_equal(assign_credit(t, zero).advantages, plain)
 
 
+def test_golden_control_on_two_trajectories():
+    # two_trajectories(), coef 2, omega 0.5, mean_norm. Both walk s0 -> s1 -> s2; A (won)
+    # goes on s2 -> sink. Distances: d(s2) = 1, d(s1) = 2, d(s0) = 3.
+    #   R^G = 10 * 0.5^d(s') = A0 2.5, A1 5, A2 10, B0 2.5, B1 5 (B takes A's edges)
+    #   + 2 * (P(s') - P(s)):  A0 +0.5, A1 +0.5, A2 +1.0, B0 +0.5, B1 -0.5 (B undoes progress)
+    #   = A0 3.0, A1 5.5, A2 11.0, B0 3.0, B1 4.5
+    # A^G by source: s0 {3.0, 3.0} -> 0, 0;  s1 {5.5, 4.5} mean 5 -> +0.5 / -0.5;  s2 {A2} -> 0
+    #   (without the increments in R^G both s1 rows have 5: A^G would be 0 everywhere)
+    # A^E: shaped returns 0.5 + 0.5 + 11 = 12 and 0.5 - 0.5 = 0, mean 6 -> +6 / -6
+    t = two_trajectories()
+    options = {"omega": 0.5, "mode": "mean_norm"}
+    algo = AlgoConfig(name="graphgpo_shaping", shaping_coef=2.0, estimator=options)
+    credit = assign_credit(t, algo)
+    np.testing.assert_allclose(credit.advantages, [6.0, 6.5, 6.0, -6.0, -6.5])
+    # the resolved config names the step bonus: progress_coef = shaping_coef
+    resolved = resolve_algo(algo, group_size=2)
+    assert resolved.estimator["progress_coef"] == 2.0
+    np.testing.assert_array_equal(assign_credit(t, resolved).advantages, credit.advantages)
+    # plain GraphGPO with progress_coef: the step term alone (A^E unshaped: +-5)
+    adv, _ = mcgpo.estimate("graphgpo", t, progress_coef=2.0, **options)
+    np.testing.assert_allclose(adv, [5.0, 5.5, 5.0, -5.0, -5.5])
+
+
+@pytest.mark.parametrize("given", [0.5, "0.5"])
+def test_control_rejects_a_different_step_coefficient(given):
+    algo = AlgoConfig(name="graphgpo_shaping", shaping_coef=2.0, estimator={"progress_coef": given})
+    with pytest.raises(
+        ConfigError, match=r"^--algo.progress_coef 0.5 differs from --algo.shaping_coef 2.0; "
+    ):
+        resolve_algo(algo, group_size=2)
+    # the same value is accepted (as text too)
+    same = AlgoConfig(name="graphgpo_shaping", shaping_coef=0.5, estimator={"progress_coef": given})
+    assert resolve_algo(same, group_size=2).estimator["progress_coef"] == 0.5
+
+
 def test_default_coefficient():
     assert SHAPING_COEF == 1.0
+
+
+def test_control_options_default_the_step_bonus_to_the_shaping_coefficient():
+    # the control's estimator options are GraphGPO's with progress_coef = SHAPING_COEF, so
+    # the resolved default config and --help name the bonus that enters R^G
+    from mcgpo.cli import _algo_epilog
+    from mcgpo.training.algorithms import algorithm_options
+
+    cls, pairs = algorithm_options("graphgpo_shaping")
+    assert pairs is None and cls().progress_coef == SHAPING_COEF == AlgoConfig().shaping_coef
+    assert algorithm_options("graphgpo")[0]().progress_coef == 0.0
+    resolved = resolve_algo(AlgoConfig(name="graphgpo_shaping"), group_size=8)
+    assert resolved.estimator == cls().as_dict()
+    assert f"progress_coef={SHAPING_COEF}" in _algo_epilog()
 
 
 @pytest.mark.parametrize("coef", [-1.0, float("nan"), float("inf"), True, "1"])

@@ -12,12 +12,17 @@ trajectory the bonus telescopes to coef * (P_final - P_0), so the ranking of com
 trajectories by return changes only through the progress they reached.
 
 Where it enters GraphGPO (the ``graphgpo_shaping`` algorithm of
-:mod:`mcgpo.training.algorithms` runs ``estimate("graphgpo", shape_rewards(table, coef))``):
-the episode term A^E uses
-the trajectory return, i.e. the sum of the shaped rewards; the graph term A^G is built from
-distances to the success sink (the ``success`` column) and does not read rewards. The
-success column itself is never changed, so the success sink and every success statistic
-stay those of the environment.
+:mod:`mcgpo.training.algorithms` runs ``estimate("graphgpo", shape_rewards(table, coef),
+progress_coef=coef)``), the increment of a row reaches both terms:
+
+* the episode term A^E uses the trajectory return, i.e. the sum of the shaped rewards;
+* the step term A^G: the row's graph return R^G (built from distances to the success sink)
+  gets ``+ coef * (P(s') - P(s))`` before it is normalised over the rows that leave the
+  same anchor, so an action that made rubric progress ranks above a sibling's that did not
+  even where the distances tie (GraphGPO's ``progress_coef``).
+
+The success column itself is never changed, so the success sink, the distances and every
+success statistic stay those of the environment.
 
 Departure from the seed: the paper's shaping coefficient is unknown; the default
 ``coef = 1.0`` makes the largest total bonus (1.0) a tenth of the success reward (10).

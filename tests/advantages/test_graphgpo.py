@@ -97,6 +97,77 @@ def test_golden_paper_convention():
     np.testing.assert_allclose(paper, code, atol=1e-5)
 
 
+def test_golden_normalize_distance():
+    # the reference code's variant R^G = 10 * w^(d(s') - d(s) + 1), w = 0.5; with
+    # d_source [3, 2, 1, 3, 3, 2] and d_next [2, 1, 0, 3, 2, 4] (test above) the exponents are
+    #   A0 2-3+1 = 0   A1 1-2+1 = 0   A2 0-1+1 = 0    (A walks a shortest path: full 10 each)
+    #   B0 3-3+1 = 1   B1 2-3+1 = 0   B2 4-2+1 = 3    (B0 loses a step, B2 leaves the graph)
+    # R^G = [10, 10, 10, 5, 10, 1.25]
+    r = graph_returns(two_paths(), omega=0.5, normalize_distance=True)
+    np.testing.assert_allclose(r, [10, 10, 10, 5, 10, 1.25])
+    # A^G: S {A0 10, B0 5} mean 7.5 -> +-2.5; X {A1 10, B2 1.25} mean 5.625 -> +-4.375;
+    # Y, Q singletons -> 0.  A^E (mean_norm): +-5.
+    adv, _ = graphgpo(two_paths(), omega=0.5, mode="mean_norm", normalize_distance=True)
+    np.testing.assert_allclose(adv, [7.5, 9.375, 5, -7.5, -5, -9.375])
+    # the exponent already holds Eq. 4's +1: the paper convention gives the same returns
+    paper = graph_returns(two_paths(), omega=0.5, normalize_distance=True, convention="paper")
+    np.testing.assert_array_equal(paper, r)
+    # the invalid penalty is deducted afterwards, as without normalisation: B2 invalid
+    # (its edge is unchanged, exponent 3) -> 1.25 - 0.1 = 1.15
+    r = graph_returns(two_paths(invalid_b=(2,)), omega=0.5, normalize_distance=True)
+    np.testing.assert_allclose(r, [10, 10, 10, 5, 10, 1.15])
+
+
+def test_normalize_distance_in_all_fail_groups_equals_the_default():
+    # no success: every node has d = 1, so d(s') - d(s) + 1 = 1 = d(s') and both variants
+    # give 10 * w minus the penalty (the reference code's all-fail behaviour, detail 5)
+    on, _ = graphgpo(all_fail(), omega=0.5, mode="mean_norm", normalize_distance=True)
+    off, _ = graphgpo(all_fail(), omega=0.5, mode="mean_norm")
+    np.testing.assert_array_equal(on, off)
+
+
+def test_normalize_distance_of_unreachable_states():
+    # E wins S -> G -> sink; F fails S -> U -> W (U, W never reach the sink).
+    # d(G) = 1, d(S) = 2; unreachable U, W: max finite 2 + 1 = 3.
+    #   E0 S->G: 1-2+1 = 0 -> 10;  E1 G->sink: 0-1+1 = 0 -> 10
+    #   F0 S->U: 3-2+1 = 2 -> 10 * 0.25 = 2.5 (reachable to unreachable: at least 2)
+    #   F1 U->W: 3-3+1 = 1 -> 5 (unreachable to unreachable: exponent 1)
+    rows = walk(0, 0, 0, ["S", "G"], "done", True) + walk(0, 1, 1, ["S", "U"], "W", False)
+    table = StepTable.from_records(rows)
+    r = graph_returns(table, omega=0.5, normalize_distance=True)
+    np.testing.assert_allclose(r, [10, 10, 2.5, 5])
+
+
+def with_progress(table, anchors):
+    """progress_value / next_progress_value from a text -> progress map (the sink: 1.0)."""
+    before = [anchors[a] for a in table.anchor]
+    after = [anchors.get(a, 1.0) for a in table.next_anchor]
+    return table.with_columns(
+        progress_value=np.asarray(before, dtype=np.float64),
+        next_progress_value=np.asarray(after, dtype=np.float64),
+    )
+
+
+def test_golden_progress_coef_enters_the_step_credit():
+    # two_paths with P(S) = 0, P(X) = 0.5, P(Y) = 0.75, P(Q) = 0.25, P("success" text) = 0,
+    # the sink's next progress 1.0 (A's "the task is done" maps to 1.0 below).
+    # coef 2: bonus = 2 * (P(s') - P(s)):
+    #   A0 S->X 1.0   A1 X->Y 0.5   A2 Y->sink 0.5   B0 S->Q 0.5   B1 Q->X 0.5   B2 X->"success" -1.0
+    # R^G (code, w = 0.5) = [2.5, 5, 10, 1.25, 2.5, 0.625] + bonus
+    #                     = [3.5, 5.5, 10.5, 1.75, 3.0, -0.375]
+    progress = {"S": 0.0, "X": 0.5, "Y": 0.75, "Q": 0.25, "success": 0.0}
+    table = with_progress(two_paths(), progress)
+    r = graph_returns(table, omega=0.5, progress_coef=2.0)
+    np.testing.assert_allclose(r, [3.5, 5.5, 10.5, 1.75, 3.0, -0.375])
+    # A^G: S {3.5, 1.75} mean 2.625 -> +-0.875 (was +-0.625); X {5.5, -0.375} mean 2.5625
+    #   -> +-2.9375 (was +-2.1875); singletons 0. A^E reads the rewards (unshaped): +-5.
+    adv, _ = graphgpo(table, omega=0.5, mode="mean_norm", progress_coef=2.0)
+    np.testing.assert_allclose(adv, [5.875, 7.9375, 5, -5.875, -5, -7.9375])
+    # coef 0 (the default) ignores the progress columns: plain GraphGPO, bit for bit
+    plain, _ = graphgpo(two_paths(), omega=0.5, mode="mean_norm")
+    np.testing.assert_array_equal(graphgpo(table, omega=0.5, mode="mean_norm")[0], plain)
+
+
 def test_golden_invalid_action():
     # B2 invalid: R^G = 0.625 - 0.1 = 0.525; X {5, 0.525} mean 2.7625 -> +-2.2375.
     # A^E: B2's score is 0 - 0.1, mean 5 (trajectory returns 10, 0) -> -5.1
@@ -144,6 +215,9 @@ def test_estimate_registry_and_stats():
         ({"mode": "std"}, "option 'mode' must be one of"),
         ({"invalid_penalty": -1.0}, "option 'invalid_penalty' must be a finite number >= 0"),
         ({"step_advantage_w": math.nan}, "option 'step_advantage_w' must be a finite number"),
+        ({"normalize_distance": 1}, "option 'normalize_distance' must be true or false, got 1"),
+        ({"progress_coef": -1.0}, "option 'progress_coef' must be a finite number >= 0"),
+        ({"progress_coef": math.inf}, "option 'progress_coef' must be a finite number >= 0"),
     ],
 )
 def test_bad_options(options, message):
@@ -154,7 +228,9 @@ def test_bad_options(options, message):
 # ---------------------------------------------------------------- plain-loop twin
 
 
-def loop_graphgpo(table, omega, convention, mode, w_g, w_e, penalty, cross_steps):
+def loop_graphgpo(
+    table, omega, convention, mode, w_g, w_e, penalty, cross_steps, normalize=False, coef=0.0
+):
     """Row-by-row GraphGPO with dict adjacency and a deque BFS per group (the reference)."""
     rows = table.to_records()
     by_traj = defaultdict(list)
@@ -189,8 +265,13 @@ def loop_graphgpo(table, omega, convention, mode, w_g, w_e, penalty, cross_steps
         dist_of[g] = {v: d.get(v, far) for v in nodes}
     ret = []
     for i, r in enumerate(rows):
-        k = dist_of[r["group"]][nxt[i]] + (1 if convention == "paper" else 0)
-        ret.append(10 * omega**k - penalty * (not r["action_valid"]))
+        d = dist_of[r["group"]]
+        if normalize:
+            k = d[nxt[i]] - d[r["anchor"]] + 1
+        else:
+            k = d[nxt[i]] + (1 if convention == "paper" else 0)
+        bonus = coef * (r["next_progress_value"] - r["progress_value"])
+        ret.append(10 * omega**k - penalty * (not r["action_valid"]) + bonus)
 
     def norm(values, keys, singleton_raw):
         out = []
@@ -237,6 +318,8 @@ OPTIONS = st.fixed_dictionaries(
         "w_e": st.sampled_from([1.0, 0.0]),
         "penalty": st.sampled_from([0.1, 0.0]),
         "cross_steps": st.booleans(),
+        "normalize": st.booleans(),
+        "coef": st.sampled_from([0.0, 1.5]),
     }
 )
 
@@ -244,6 +327,8 @@ OPTIONS = st.fixed_dictionaries(
 @settings(max_examples=80, deadline=None)
 @given(walk_tables(), OPTIONS)
 def test_loop_twin_agrees(table, o):
+    # rubric progress of "room k" = k / 4 (the sink's next progress 1.0)
+    table = with_progress(table, {f"room {k}": k / 4 for k in range(5)})
     adv, _ = graphgpo(
         table,
         omega=o["omega"],
@@ -253,6 +338,8 @@ def test_loop_twin_agrees(table, o):
         episode_advantage_w=o["w_e"],
         invalid_penalty=o["penalty"],
         cross_steps=o["cross_steps"],
+        normalize_distance=o["normalize"],
+        progress_coef=o["coef"],
     )
     np.testing.assert_allclose(adv, loop_graphgpo(table, **o), rtol=1e-7, atol=1e-7)
 

@@ -8,7 +8,9 @@ search). Then, for a row ``s --a--> s'``:
 
     R^G = r_succ * omega^(d(s') + c)        paper Eq. 4 with c = 1 ("paper")
     R^G = r_succ * omega^d(s')              reference code (c = 0, "code", default)
+    R^G = r_succ * omega^(d(s') - d(s) + 1) the code's normalize_distance variant (option)
     R^G -= invalid_penalty  on rows whose action was invalid
+    R^G += progress_coef * (P(s') - P(s))   rubric progress increment (option, default 0)
     A^G = (R^G - mean) / (std + eps)        over rows leaving the same anchor (GiGPO Eq. 7)
     A   = beta_G * A^G + beta_E * A^E       A^E: the GiGPO episode term (Eq. 3)
 
@@ -26,6 +28,9 @@ Where this departs from the paper, and why (details in docs/algorithms/graphgpo.
   "success" is an ordinary state.
 * The episode term takes statistics once per trajectory by default (``cross_steps=False``);
   the reference code counts every step row (``cross_steps=True``).
+* ``progress_coef`` is ours, for the GraphGPO + shaping control (:mod:`mcgpo.shaping`): the
+  rubric progress increment P = ``progress_value`` enters the step credit A^G, not only the
+  episode return.
 """
 
 from __future__ import annotations
@@ -75,6 +80,12 @@ class GraphgpoOptions(Options):
     success_reward: float = option(10.0, "r_succ: the environments' success reward")
     zero_all_fail: bool = option(False, "keep A^G in all-fail groups, as the reference code does")
     eps: float = eps_option()
+    normalize_distance: bool = option(
+        False, "off as in every published script; on: R^G = r_succ omega^(d(s') - d(s) + 1)"
+    )
+    progress_coef: float = option(
+        0.0, "R^G += coef (P(s') - P(s)) before A^G; 0: none (graphgpo_shaping sets it)"
+    )
 
     def __post_init__(self) -> None:
         self.number("omega", low=0, high=1, low_open=True, high_open=True)
@@ -87,6 +98,8 @@ class GraphgpoOptions(Options):
         self.flag("cross_steps")
         self.flag("zero_all_fail")
         self.number("eps", low=0, low_open=True)
+        self.flag("normalize_distance")
+        self.number("progress_coef", low=0)
 
 
 class GraphDistances:
@@ -176,14 +189,24 @@ def graph_returns(
     distances: GraphDistances | None = None,
     **kwargs: Any,
 ) -> np.ndarray:
-    """Per-row graph return R^G (paper Eq. 4 / the code's variant) minus the invalid penalty.
+    """Per-row graph return R^G (paper Eq. 4 / the code's variants) minus the invalid
+    penalty, plus the rubric progress increment when ``progress_coef`` > 0.
 
-    Reads ``omega``, ``convention``, ``success_reward`` and ``invalid_penalty``.
+    Reads ``omega``, ``convention``, ``normalize_distance``, ``success_reward``,
+    ``invalid_penalty`` and ``progress_coef``. With ``normalize_distance`` the exponent is
+    the reference code's ``d(s') - d(s) + 1`` whatever the convention (it already holds
+    Eq. 4's c(s, a) = 1): 0 on an edge of a shortest path, the steps lost otherwise.
     """
     o = options if options is not None else GraphgpoOptions.from_kwargs(kwargs)
     dist = graph_distances(table) if distances is None else distances
-    exponent = dist.d_next + (1.0 if o.convention == "paper" else 0.0)  # c(s, a) = 1
-    return o.success_reward * o.omega**exponent - o.invalid_penalty * (~table.action_valid)
+    if o.normalize_distance:
+        exponent = dist.d_next - dist.d_source + 1.0
+    else:
+        exponent = dist.d_next + (1.0 if o.convention == "paper" else 0.0)  # c(s, a) = 1
+    r_graph = o.success_reward * o.omega**exponent - o.invalid_penalty * (~table.action_valid)
+    if o.progress_coef:
+        r_graph = r_graph + o.progress_coef * (table.next_progress_value - table.progress_value)
+    return r_graph
 
 
 def graphgpo(
@@ -192,7 +215,9 @@ def graphgpo(
     """GraphGPO advantage A = beta_G * A^G + beta_E * A^E, one value per row.
 
     Options: :class:`GraphgpoOptions` (``omega`` 0.10 ALFWorld, 0.20 WebShop in the
-    published scripts; ``convention`` "code" = 10 * omega^d(s'), "paper" = Eq. 4).
+    published scripts; ``convention`` "code" = 10 * omega^d(s'), "paper" = Eq. 4;
+    ``normalize_distance`` = the code's 10 * omega^(d(s') - d(s) + 1); ``progress_coef``
+    adds the rubric progress increment to R^G before the step normalisation).
     """
     o = options if options is not None else GraphgpoOptions.from_kwargs(kwargs)
     if len(table) == 0:

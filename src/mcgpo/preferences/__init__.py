@@ -11,6 +11,7 @@ See docs/algorithms/mcgpo.md.
 
 from mcgpo.preferences.build import Preferences, build_preferences
 from mcgpo.preferences.options import (
+    COARSE_ACTION_MODES,
     EVIDENCE_MODES,
     MATCHING_MODES,
     WEIGHTING_MODES,
@@ -18,6 +19,7 @@ from mcgpo.preferences.options import (
 )
 
 __all__ = [
+    "COARSE_ACTION_MODES",
     "EVIDENCE_MODES",
     "MATCHING_MODES",
     "WEIGHTING_MODES",

@@ -6,7 +6,8 @@ Per group of N sibling rollouts (seed steps 1-4; docs/algorithms/mcgpo.md):
     match     g = (h(s), C, F); first eligible visit per (trajectory, g); a candidate pair is
               two first visits of g by trajectories of one fold with different actions
     resolve   exact rule, else coarse rule; a rule qualifies when both actions have
-              |S(g, a)| >= m evidence trajectories; chosen before the gap is seen
+              |S(g, a)| >= m evidence trajectories; chosen before the gap is seen. The
+              coarse rule reads actions without instance numbers (``coarse_actions``)
     label     Delta_u = u(g, a+) - u(g, a-) > 0, kept if |Delta_u| >= epsilon
     weight    c = |Delta_u| * n / (n + kappa) * q_level,  n = min(|S(g, a+)|, |S(g, a-)|)
     allocate  earliest comparison per sibling pair; <= max_per_fold per fold; rows used once
@@ -127,7 +128,7 @@ def build_preferences(
 def _match(table: StepTable, dec: Decisions, opts: PreferenceOptions) -> _Candidates:
     """Candidate pairs of every rule level with their evidence, stacked in level order."""
     keys = level_keys(table, dec, opts.matching)
-    parts = [level_pairs(dec, key, opts.evidence) for _, key in keys]
+    parts = [level_pairs(dec, key, action, opts.evidence) for _, key, action in keys]
     return _Candidates(
         a=np.concatenate([p.a for p in parts]),
         b=np.concatenate([p.b for p in parts]),
@@ -135,7 +136,7 @@ def _match(table: StepTable, dec: Decisions, opts: PreferenceOptions) -> _Candid
         support_a=np.concatenate([p.support_a for p in parts]),
         support_b=np.concatenate([p.support_b for p in parts]),
         gap=np.concatenate([p.value_a - p.value_b for p in parts]),
-        level_names=[name for name, _ in keys],
+        level_names=[name for name, _, _ in keys],
     )
 
 

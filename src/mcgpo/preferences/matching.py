@@ -1,9 +1,11 @@
 """Context keys, first visits, fold evidence and candidate pairs (MCGPO steps 1-2).
 
 Everything here works on the *decision rows*: rows of non-errored trajectories whose action
-was valid (the "eligible" visits). Integer codes are ranks of the sorted distinct values
-(:mod:`mcgpo.grouping`), so no result depends on row order. Shapes: ``[E]`` = one entry per decision row,
-``[P]`` = one entry per candidate pair of one rule level.
+was valid (the "eligible" visits). Each rule level has its own action codes: the exact level
+compares the texts, the coarse level (by default) the texts without instance numbers.
+Integer codes are ranks of the sorted distinct values (:mod:`mcgpo.grouping`), so no result
+depends on row order. Shapes: ``[E]`` = one entry per decision row, ``[P]`` = one entry per
+candidate pair of one rule level.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from mcgpo.envs.alfworld_keys import coarse
 from mcgpo.grouping import combine_codes, value_codes
 from mcgpo.preferences.options import PreferenceOptions
 from mcgpo.steps import StepTable
@@ -30,6 +33,7 @@ class Decisions:
     turn: np.ndarray  # int64   turn index of the decision
     traj: np.ndarray  # int64   rank of the trajectory id
     action: np.ndarray  # int64 rank code of the action text
+    action_coarse: np.ndarray  # int64  action code at the coarse level (= action if "exact")
     success: np.ndarray  # float64  trajectory outcome y in {0, 1}
 
 
@@ -45,6 +49,7 @@ def decisions(table: StepTable, opts: PreferenceOptions) -> Decisions:
         )
     row = np.flatnonzero(table.action_valid & ~table.errored)
     slot = table.slot[row]
+    action = value_codes(table.action[row])
     return Decisions(
         row=row,
         group=value_codes(table.group[row]),
@@ -52,27 +57,42 @@ def decisions(table: StepTable, opts: PreferenceOptions) -> Decisions:
         slot=slot,
         turn=table.turn[row],
         traj=value_codes(table.traj[row]),
-        action=value_codes(table.action[row]),
+        action=action,
+        action_coarse=coarse_action_codes(table.action[row], opts.coarse_actions, action),
         success=table.success[row],
     )
 
 
-def level_keys(table: StepTable, dec: Decisions, matching: str) -> list[tuple[str, np.ndarray]]:
-    """Context-key code per decision row for each rule level, in the order they are tried.
+def coarse_action_codes(texts: np.ndarray, mode: str, exact: np.ndarray) -> np.ndarray:
+    """Action codes at the coarse level: with ``mode`` "coarse" the text loses its instance
+    numbers by the envs' state_coarse rule (``"take mug 1 from countertop 2"`` -> ``"take mug
+    from countertop"``, :func:`mcgpo.envs.alfworld_keys.coarse`); "exact" keeps ``exact``."""
+    if mode == "exact" or len(texts) == 0:
+        return exact
+    distinct = sorted(set(texts.tolist()))  # exact[i] is the rank of texts[i] here
+    coarse_rank = value_codes(np.array([coarse(str(text)) for text in distinct], dtype=object))
+    return coarse_rank[exact]
+
+
+def level_keys(
+    table: StepTable, dec: Decisions, matching: str
+) -> list[tuple[str, np.ndarray, np.ndarray]]:
+    """(level name, context-key code, action code) per decision row for each rule level, in
+    the order they are tried.
 
     joint: exact g = (h(s), C, F), coarse g = (h_coarse(s), C, F); state_only drops C and F;
     rubric_only keys on (C, F) alone, where both rules coincide, so only "exact" is tried.
-    Every key includes the group: contexts are only matched among siblings.
+    Every key includes the group: contexts are only matched among siblings. The exact level
+    compares action texts as they are, the coarse level ``dec.action_coarse``.
     """
     rows = dec.row
     rubric = [value_codes(table.progress[rows]), value_codes(table.enabled[rows])]
     if matching == "rubric_only":
-        return [("exact", combine_codes(dec.group, *rubric))]
+        return [("exact", combine_codes(dec.group, *rubric), dec.action)]
     extra = rubric if matching == "joint" else []
-    return [
-        ("exact", combine_codes(dec.group, value_codes(table.state[rows]), *extra)),
-        ("coarse", combine_codes(dec.group, value_codes(table.state_coarse[rows]), *extra)),
-    ]
+    exact = combine_codes(dec.group, value_codes(table.state[rows]), *extra)
+    coarse_key = combine_codes(dec.group, value_codes(table.state_coarse[rows]), *extra)
+    return [("exact", exact, dec.action), ("coarse", coarse_key, dec.action_coarse)]
 
 
 @dataclass(frozen=True)
@@ -90,8 +110,10 @@ class LevelPairs:
     value_b: np.ndarray  # float64  u(g, a_b)
 
 
-def level_pairs(dec: Decisions, key: np.ndarray, evidence: str) -> LevelPairs:
-    """First visits, evidence tables and candidate pairs for one context key."""
+def level_pairs(dec: Decisions, key: np.ndarray, action: np.ndarray, evidence: str) -> LevelPairs:
+    """First visits, evidence tables and candidate pairs for one context key; ``action`` is
+    the level's action code per decision (two rows take "different actions" when it differs,
+    and the evidence for an action counts the visits with its code)."""
     # first-visit rule: per (trajectory, key) keep the eligible row with the smallest turn
     order = np.lexsort((dec.turn, key, dec.traj))
     head = np.ones(len(order), dtype=bool)
@@ -99,7 +121,7 @@ def level_pairs(dec: Decisions, key: np.ndarray, evidence: str) -> LevelPairs:
     visits = order[head]  # one decision per (trajectory, key)
 
     # evidence: per (key, action, fold) count of first visits and their successes
-    k, act, fold = key[visits], dec.action[visits], dec.fold[visits]
+    k, act, fold = key[visits], action[visits], dec.fold[visits]
     key_action = combine_codes(k, act)  # one code per (key, action) of a first visit
     n_key_action = int(key_action.max(initial=-1)) + 1
     key_action_fold = key_action * 2 + fold

@@ -12,11 +12,18 @@ from dataclasses import dataclass
 
 from mcgpo.options import Options, is_int, option
 
-__all__ = ["EVIDENCE_MODES", "MATCHING_MODES", "WEIGHTING_MODES", "PreferenceOptions"]
+__all__ = [
+    "COARSE_ACTION_MODES",
+    "EVIDENCE_MODES",
+    "MATCHING_MODES",
+    "WEIGHTING_MODES",
+    "PreferenceOptions",
+]
 
 EVIDENCE_MODES = ("opposite_fold", "same_fold", "pooled")
 WEIGHTING_MODES = ("evidence", "uniform")
 MATCHING_MODES = ("joint", "state_only", "rubric_only")
+COARSE_ACTION_MODES = ("coarse", "exact")
 
 
 @dataclass(frozen=True)
@@ -31,13 +38,18 @@ class PreferenceOptions(Options):
     fold_split: int | None = option(None, "slots below it form fold 0; None: N / 2, equal folds")
     min_support: int = option(1, "m: evidence trajectories each action needs; 1 keeps coverage")
     epsilon: float = option(0.25, "keep a pair only if |Delta_u| >= epsilon: one success in four")
-    kappa: float = option(0.0, "prior count in n / (n + kappa); 0 won the sweep (docs/results §3)")
-    q_exact: float = option(1.0, "q_level of pairs the exact rule resolves")
-    q_coarse: float = option(1.0, "q_level of pairs the coarse rule resolves; 1.0 won the sweep")
+    kappa: float = option(
+        1.0, "prior count in n / (n + kappa): a one-trajectory action counts half"
+    )
+    q_exact: float = option(1.0, "q_level of pairs the exact rule resolves: the reference level")
+    q_coarse: float = option(0.5, "q_level of coarse pairs: pooled instances are weaker evidence")
     max_per_fold: int | None = option(2, "preferences kept per fold (the seed's two); None: no cap")
     evidence: str = option("opposite_fold", "the other fold labels a fold's pairs (cross-fitting)")
     weighting: str = option("evidence", "c = |Delta_u| n/(n+kappa) q_level; uniform: c = q_level")
     matching: str = option("joint", "context key (h, C, F); state_only: (h,), rubric_only: (C, F)")
+    coarse_actions: str = option(
+        "coarse", "coarse rule drops actions' instance numbers as h_coarse does; exact: keeps them"
+    )
 
     def __post_init__(self) -> None:
         n = self.group_size
@@ -54,6 +66,7 @@ class PreferenceOptions(Options):
             ("evidence", EVIDENCE_MODES),
             ("weighting", WEIGHTING_MODES),
             ("matching", MATCHING_MODES),
+            ("coarse_actions", COARSE_ACTION_MODES),
         ):
             value = getattr(self, name)
             if value not in allowed:

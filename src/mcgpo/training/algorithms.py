@@ -6,7 +6,11 @@ recipes built on GraphGPO (arXiv 2605.26684):
 * ``mcgpo``: GraphGPO advantages + the MCGPO pair loss on matched-context preferences
   (reference/algorithms.md 5.1: L = L_task + lambda_pair * L_pair).
 * ``graphgpo_shaping``: GraphGPO on rewards shaped by rubric progress, the control that
-  uses the same progress signal as MCGPO's contexts but as a reward instead of pairs.
+  uses the same progress signal as MCGPO's contexts but as a reward instead of pairs. The
+  increments ``shaping_coef * (P(s') - P(s))`` enter both of GraphGPO's terms: the episode
+  return A^E reads the shaped ``reward`` column (:func:`mcgpo.shaping.shape_rewards`) and
+  the step credit A^G the graph return R^G (GraphGPO's ``progress_coef``, set to
+  ``algo.shaping_coef``), before the step normalisation.
 
 :func:`assign_credit` is the one call the trainer makes per batch: advantages (and
 preferences) from the StepTable alone. It is pure: no randomness, no tokens.
@@ -22,9 +26,10 @@ from typing import Any
 import numpy as np
 
 from mcgpo.advantages import ESTIMATOR_OPTIONS, ESTIMATORS, estimate
-from mcgpo.options import Options, parse_text
+from mcgpo.advantages.graphgpo import GraphgpoOptions
+from mcgpo.options import Options, option, parse_text
 from mcgpo.preferences import PreferenceOptions, build_preferences
-from mcgpo.shaping import shape_rewards
+from mcgpo.shaping import SHAPING_COEF, shape_rewards
 from mcgpo.steps import StepTable
 from mcgpo.training.config import AlgoConfig, ConfigError
 
@@ -32,6 +37,7 @@ __all__ = [
     "ALGORITHMS",
     "Algorithm",
     "Credit",
+    "ShapingOptions",
     "algorithm_options",
     "assign_credit",
     "resolve_algo",
@@ -39,16 +45,27 @@ __all__ = [
 
 
 @dataclass(frozen=True)
+class ShapingOptions(GraphgpoOptions):
+    """GraphGPO's options as ``graphgpo_shaping`` uses them: the step bonus is the control's
+    shaping coefficient (``--algo.shaping_coef``), so its default is that one's."""
+
+    progress_coef: float = option(
+        SHAPING_COEF, "= --algo.shaping_coef: the progress increments also enter R^G"
+    )
+
+
+@dataclass(frozen=True)
 class Algorithm:
     estimator: str  # advantage estimator name in mcgpo.ESTIMATORS
     pairs: bool = False  # add lambda_pair * L_pair on MCGPO preferences
-    shaping: bool = False  # shape rewards with rubric progress before the estimator
+    shaping: bool = False  # rubric progress increments in the rewards and in GraphGPO's R^G
+    options: type[Options] | None = None  # estimator options, when not the estimator's own
 
 
 ALGORITHMS: dict[str, Algorithm] = {
     **{name: Algorithm(name) for name in ESTIMATORS},
     "mcgpo": Algorithm("graphgpo", pairs=True),
-    "graphgpo_shaping": Algorithm("graphgpo", shaping=True),
+    "graphgpo_shaping": Algorithm("graphgpo", shaping=True, options=ShapingOptions),
 }
 
 
@@ -68,7 +85,8 @@ def algorithm_options(name: str) -> tuple[type[Options], type[PreferenceOptions]
     """(estimator options class, preference options class or None) of an algorithm: their
     fields carry each default and its reason (the CLI's ``--help`` lists them)."""
     spec = ALGORITHMS[name]
-    return ESTIMATOR_OPTIONS[spec.estimator], PreferenceOptions if spec.pairs else None
+    estimator = spec.options or ESTIMATOR_OPTIONS[spec.estimator]
+    return estimator, PreferenceOptions if spec.pairs else None
 
 
 def resolve_algo(algo: AlgoConfig, group_size: int) -> AlgoConfig:
@@ -82,7 +100,7 @@ def resolve_algo(algo: AlgoConfig, group_size: int) -> AlgoConfig:
         known = ", ".join(sorted(ALGORITHMS))
         raise ConfigError(f"unknown algorithm {algo.name!r}; known: {known}")
     estimator_cls, pairs_cls = algorithm_options(algo.name)
-    estimator = _build(estimator_cls, algo.estimator, "--algo", algo.name)
+    estimator = _build(estimator_cls, _estimator_options(algo), "--algo", algo.name)
     pairs: dict[str, Any] = {}
     if pairs_cls is not None:
         given = dict(algo.pairs)
@@ -98,6 +116,23 @@ def resolve_algo(algo: AlgoConfig, group_size: int) -> AlgoConfig:
     elif algo.pairs:
         raise ConfigError(f"--algo.pairs.* options apply only to mcgpo, not {algo.name!r}")
     return dataclasses.replace(algo, estimator=estimator, pairs=pairs)
+
+
+def _estimator_options(algo: AlgoConfig) -> Mapping[str, Any]:
+    """The estimator options as given; a shaping algorithm's step bonus is its shaping_coef."""
+    if not ALGORITHMS[algo.name].shaping:
+        return algo.estimator
+    given = dict(algo.estimator)
+    if "progress_coef" in given:
+        value = given["progress_coef"]
+        if isinstance(value, str):
+            value = _text("--algo.progress_coef", value, float)
+        if value != algo.shaping_coef:
+            raise ConfigError(
+                f"--algo.progress_coef {value} differs from --algo.shaping_coef "
+                f"{algo.shaping_coef}; {algo.name} sets it from shaping_coef"
+            )
+    return {**given, "progress_coef": algo.shaping_coef}
 
 
 def _build(cls: type[Options], given: Mapping[str, Any], flag: str, owner: str) -> dict[str, Any]:
@@ -128,7 +163,7 @@ def assign_credit(table: StepTable, algo: AlgoConfig) -> Credit:
     spec = ALGORITHMS[algo.name]
     stats: dict[str, float] = {}
     source = shape_rewards(table, algo.shaping_coef) if spec.shaping else table
-    adv, est_stats = estimate(spec.estimator, source, **algo.estimator)
+    adv, est_stats = estimate(spec.estimator, source, **_estimator_options(algo))
     stats.update(_numbers("adv", est_stats))
     empty = np.zeros(0, dtype=np.int64)
     plus, minus, weight, level = empty, empty, np.zeros(0), np.zeros(0, dtype=object)

@@ -55,14 +55,18 @@ ABLATIONS: tuple[Variant, ...] = (
     Variant("mcgpo/uniform", ("--algo.name", "mcgpo", "--algo.pairs.weighting", "uniform")),
     Variant("mcgpo/state_only", ("--algo.name", "mcgpo", "--algo.pairs.matching", "state_only")),
     Variant("mcgpo/rubric_only", ("--algo.name", "mcgpo", "--algo.pairs.matching", "rubric_only")),
+    Variant(
+        "mcgpo/coarse_actions=exact",
+        ("--algo.name", "mcgpo", "--algo.pairs.coarse_actions", "exact"),
+    ),
     Variant("graphgpo+shaping", ("--algo.name", "graphgpo_shaping")),
 )
 
 # one parameter at a time; the first value of each list is the default
 SWEEP: dict[str, tuple[str, ...]] = {
     "algo.pairs.epsilon": ("0.25", "0.0", "0.5"),
-    "algo.pairs.kappa": ("0", "1", "4"),
-    "algo.pairs.q_coarse": ("1.0", "0.5", "0.25"),
+    "algo.pairs.kappa": ("1", "0", "4"),
+    "algo.pairs.q_coarse": ("0.5", "1.0", "0.25"),
     "algo.lambda_pair": ("1.0", "0.1", "0.3", "3.0"),
 }
 

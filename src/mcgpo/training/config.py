@@ -49,8 +49,8 @@ __all__ = [
 ]
 
 
-# The weight of the MCGPO pair loss: the paper's value is unknown; swept, docs/algorithms/mcgpo.md
-# §3a (was 0.1). Defined here only: the loss takes it as an argument.
+# The weight of the MCGPO pair loss: the paper's value is unknown; set by a one-seed sweep,
+# docs/algorithms/mcgpo.md §3a (was 0.1), to be re-tested by the rule there. Defined here only: the loss takes it as an argument.
 LAMBDA_PAIR = 1.0
 
 

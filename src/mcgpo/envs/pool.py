@@ -7,44 +7,112 @@ learning by the caller (``pool.errored``), is counted in ``stats()``, and is nev
 again until the next ``reset``. The other slots are untouched: a failure neither stops nor
 changes them (each environment owns its state; the pool shares nothing between slots).
 
-The pool is sequential in one process: the built-in environments are pure Python and step
-in tens of microseconds, far less than the cost of a subprocess round trip. Slots are
-stepped in increasing index order, so a run is reproducible. Errors the *caller* makes
-(stepping a slot that is done, errored or out of range; a wrong number of seeds) raise
-``PoolError`` before any environment is touched.
+Two ways to step, the same results for the same seeds and actions:
+
+* ``EnvPool(envs)``, the default: sequential, in this process. The built-in environments are
+  pure Python and step in tens of microseconds, far less than a round trip to another
+  process. Slots are stepped in increasing index order, so a run is reproducible. A step
+  that hangs hangs the run, and one that kills the process kills the run.
+* ``EnvPool.in_workers(factory, n, workers=W, step_timeout=T)``: the environments live in W
+  worker processes (:mod:`mcgpo.envs.workers`), built there from a picklable factory
+  (:class:`~mcgpo.envs.workers.EnvSpec`), stepped in parallel. A step that runs past ``T``
+  seconds or kills its worker also marks just that slot errored; the worker is restarted and
+  its other slots are rebuilt by replaying their actions. Close the pool (``close()`` or a
+  ``with`` block) to stop the workers.
+
+Errors the *caller* makes (stepping a slot that is done, errored or out of range; a wrong
+number of seeds) raise ``PoolError`` before any environment is touched.
 """
 
 from __future__ import annotations
 
+import math
 import numbers
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from types import TracebackType
+from typing import Any
 
 from mcgpo.envs.protocol import Env, Observation, StepResult
+from mcgpo.envs.workers import WorkerSet, describe
 
-__all__ = ["EnvPool", "PoolError"]
+__all__ = ["DEFAULT_STEP_TIMEOUT", "EnvPool", "PoolError"]
 
 _MAX_MESSAGE = 300
+# Seconds a step in a worker may take: real ALFWorld steps take about 0.06 s and its resets
+# (game loading) a few seconds, so a minute only catches what is truly stuck.
+DEFAULT_STEP_TIMEOUT = 60.0
 
 
 class PoolError(ValueError):
     """The caller used the pool wrongly (bad slot index, wrong number of seeds, ...)."""
 
 
-def _one_line(phase: str, exc: BaseException) -> str:
-    """'step turn 3: KeyError: detail' on one line, at most _MAX_MESSAGE characters."""
-    detail = " ".join(str(exc).split())
-    text = f"{phase}: {type(exc).__name__}" + (f": {detail}" if detail else "")
+def _one_line(phase: str, text: str) -> str:
+    """'step turn 3: KeyError: detail', at most _MAX_MESSAGE characters."""
+    text = f"{phase}: {text}"
     return text if len(text) <= _MAX_MESSAGE else text[: _MAX_MESSAGE - 3] + "..."
 
 
+def _run_here(envs: Sequence[Env], jobs: dict[int, tuple]) -> dict[int, tuple[bool, Any]]:
+    """Each slot's job ("reset", seed, split) or ("step", action), in slot order."""
+    out: dict[int, tuple[bool, Any]] = {}
+    for i in sorted(jobs):
+        job = jobs[i]
+        try:
+            if job[0] == "reset":
+                out[i] = (True, envs[i].reset(seed=job[1], split=job[2]))
+            else:
+                out[i] = (True, envs[i].step(job[1]))
+        except Exception as exc:  # isolate the slot; the message is kept in .errors
+            out[i] = (False, describe(exc))
+    return out
+
+
 class EnvPool:
-    """A batch of environments stepped together; see the module docstring."""
+    """A batch of environments stepped together; see the module docstring.
+
+    ``envs`` holds the environments of an in-process pool (None for a worker pool);
+    ``max_turns[i]`` is slot i's environment's own turn limit.
+    """
 
     def __init__(self, envs: Sequence[Env]) -> None:
         if len(envs) == 0:
             raise PoolError("EnvPool needs at least one environment")
-        self.envs = list(envs)
-        n = len(self.envs)
+        self.envs: list[Env] | None = list(envs)
+        self._workers: WorkerSet | None = None
+        self.max_turns = [int(env.max_turns) for env in self.envs]
+        self._setup(len(self.envs))
+
+    @classmethod
+    def in_workers(
+        cls,
+        factory: Callable[[], Env],
+        n_envs: int,
+        *,
+        workers: int,
+        step_timeout: float = DEFAULT_STEP_TIMEOUT,
+    ) -> EnvPool:
+        """``n_envs`` environments built by ``factory`` (picklable) in ``workers`` processes.
+
+        Raises PoolError for bad sizes or timeout, WorkerError when a worker cannot build
+        its environments."""
+        if isinstance(n_envs, bool) or not isinstance(n_envs, int) or n_envs < 1:
+            raise PoolError(f"EnvPool needs at least one environment, got n_envs={n_envs!r}")
+        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+            raise PoolError(f"workers must be an integer >= 1, got {workers!r}")
+        if not (isinstance(step_timeout, numbers.Real) and math.isfinite(step_timeout)) or not (
+            step_timeout > 0
+        ):
+            raise PoolError(f"step_timeout must be a finite number > 0, got {step_timeout!r}")
+        pool = cls.__new__(cls)
+        pool.envs = None
+        pool._workers = WorkerSet(factory, n_envs, workers, float(step_timeout))
+        pool.max_turns = list(pool._workers.max_turns)
+        pool._setup(n_envs)
+        return pool
+
+    def _setup(self, n: int) -> None:
+        self._n = n
         self.errored: list[bool] = [False] * n
         self.errors: dict[int, str] = {}
         self.done: list[bool] = [True] * n  # nothing to step before reset
@@ -52,35 +120,81 @@ class EnvPool:
         self._reset_errors = 0
         self._step_errors = 0
         self._steps = 0
+        self._restarts_before = 0
 
     def __len__(self) -> int:
-        return len(self.envs)
+        return self._n
+
+    def __enter__(self) -> EnvPool:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop the worker processes (nothing to do in process); safe to call twice."""
+        if self._workers is not None:
+            self._workers.close()
+
+    def processes(self) -> list[Any]:
+        """The live worker processes (``multiprocessing.Process``); [] in process."""
+        return [] if self._workers is None else self._workers.processes()
 
     def reset(self, seeds: Sequence[int], split: str) -> list[Observation | None]:
         """Reset slot i to the task (seeds[i], split); None where that reset raised."""
-        if len(seeds) != len(self.envs):
-            raise PoolError(f"reset got {len(seeds)} seeds for {len(self.envs)} environments")
-        n = len(self.envs)
-        self.errored = [False] * n
-        self.errors = {}
-        self.done = [False] * n
-        self.turns = [0] * n
-        self._reset_errors = self._step_errors = self._steps = 0
+        n = self._n
+        if len(seeds) != n:
+            raise PoolError(f"reset got {len(seeds)} seeds for {n} environments")
+        self._setup(n)
+        self._restarts_before = self._restarts()
+        results = self._run({i: ("reset", seed, split) for i, seed in enumerate(seeds)})
         out: list[Observation | None] = []
-        for i, (env, seed) in enumerate(zip(self.envs, seeds)):
-            try:
-                obs = env.reset(seed=seed, split=split)
-            except Exception as exc:  # isolate the slot; the message is kept in .errors
-                self._fail(i, _one_line(f"reset seed {seed}", exc))
+        for i, seed in enumerate(seeds):
+            ok, value = results[i]
+            if not ok:
+                self._fail(i, _one_line(f"reset seed {seed}", value))
                 self._reset_errors += 1
                 out.append(None)
                 continue
-            out.append(obs)
+            out.append(value)
+        for i, message in self._lost().items():
+            self._fail(i, _one_line(f"after reset seed {seeds[i]}", message))
+            self._reset_errors += 1
+            out[i] = None
+        self.done = [False] * n
         return out
 
     def step(self, actions: Mapping[int, str]) -> dict[int, StepResult]:
         """Step the given live slots; a slot that raises is marked errored and left out."""
-        n = len(self.envs)
+        todo = self._checked(actions)
+        done = self._run({i: ("step", action) for i, action in todo.items()})
+        results: dict[int, StepResult] = {}
+        for i in sorted(todo):
+            phase = f"step turn {self.turns[i] + 1}"
+            ok, res = done[i]
+            if ok and not isinstance(res, StepResult):
+                ok, res = False, f"TypeError: step returned {type(res).__name__}, not StepResult"
+            if not ok:
+                self._fail(i, _one_line(phase, res))
+                self._step_errors += 1
+                continue
+            self.turns[i] += 1
+            self._steps += 1
+            self.done[i] = bool(res.done)
+            results[i] = res
+        for i, message in self._lost().items():
+            self._fail(i, _one_line(f"after step turn {self.turns[i]}", message))
+            self._step_errors += 1
+        return results
+
+    def _checked(self, actions: Mapping[int, str]) -> dict[int, str]:
+        """The actions by slot, or PoolError for a slot that is unknown, done or errored."""
+        n = self._n
         todo: dict[int, str] = {}
         for key, action in actions.items():
             if isinstance(key, bool) or not isinstance(key, numbers.Integral) or not 0 <= key < n:
@@ -90,30 +204,30 @@ class EnvPool:
                 state = "errored" if self.errored[i] else "done"
                 raise PoolError(f"action for slot {i}: that slot is {state}, not live")
             todo[i] = action
-        results: dict[int, StepResult] = {}
-        for i in sorted(todo):
-            phase = f"step turn {self.turns[i] + 1}"
-            try:
-                res = self.envs[i].step(todo[i])
-                if not isinstance(res, StepResult):
-                    raise TypeError(f"step returned {type(res).__name__}, not StepResult")
-            except Exception as exc:  # isolate the slot; the message is kept in .errors
-                self._fail(i, _one_line(phase, exc))
-                self._step_errors += 1
-                continue
-            self.turns[i] += 1
-            self._steps += 1
-            self.done[i] = bool(res.done)
-            results[i] = res
-        return results
+        return todo
+
+    def _run(self, jobs: dict[int, tuple]) -> dict[int, tuple[bool, Any]]:
+        if self._workers is None:
+            assert self.envs is not None
+            return _run_here(self.envs, jobs)
+        return self._workers.run(jobs)
+
+    def _lost(self) -> dict[int, str]:
+        """Live slots of a restarted worker whose state could not be rebuilt."""
+        if self._workers is None:
+            return {}
+        return {i: m for i, m in self._workers.lost.items() if not self.errored[i]}
+
+    def _restarts(self) -> int:
+        return 0 if self._workers is None else self._workers.restarts
 
     def live(self) -> list[int]:
         """Slots neither done nor errored, in increasing order."""
-        return [i for i in range(len(self.envs)) if not (self.done[i] or self.errored[i])]
+        return [i for i in range(self._n) if not (self.done[i] or self.errored[i])]
 
     def stats(self) -> dict[str, float]:
         """Counts since the last reset (errored slots are excluded from learning)."""
-        n = len(self.envs)
+        n = self._n
         errored = sum(self.errored)
         return {
             "envs": float(n),
@@ -124,6 +238,7 @@ class EnvPool:
             "done": float(sum(d and not e for d, e in zip(self.done, self.errored))),
             "live": float(len(self.live())),
             "steps": float(self._steps),
+            "worker_restarts": float(self._restarts() - self._restarts_before),
         }
 
     def _fail(self, i: int, message: str) -> None:

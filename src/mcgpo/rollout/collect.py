@@ -22,6 +22,11 @@ environment errors. An errored trajectory keeps the rows of the turns that compl
 ``errored`` (``Rollout.learnable()`` drops them); the turn that failed has no outcome and is
 dropped, and a failure at reset leaves no rows.
 
+Environments step in this process by default; ``workers > 0`` steps them in that many worker
+processes (``EnvPool.in_workers``: ``env_factory`` must then be picklable, e.g.
+:class:`~mcgpo.envs.workers.EnvSpec`), where a step past ``step_timeout`` seconds or one that
+kills its worker also costs just its trajectory. Both give the same rollout for the same seeds.
+
 Prompt budget: a prompt longer than ``max_prompt_tokens`` is re-rendered without history
 (verl-agent's WebShop rule, made general); if still too long its oldest tokens are cut
 (``prompts_cut`` in the stats).
@@ -37,6 +42,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from mcgpo.envs.pool import DEFAULT_STEP_TIMEOUT, EnvPool
 from mcgpo.envs.protocol import Env, Observation, StepResult
 from mcgpo.rollout.parsing import parse_action
 from mcgpo.rollout.prompts import default_response_format, prompt_ids, stop_strings
@@ -70,6 +76,8 @@ class CollectOptions:
     response_format: str | None = None  # "think" or "action"; None: by the tokenizer
     seed: int = 0  # seeds the sampling generator: same seed and weights, same rollout
     max_prompt_tokens: int | None = None  # prompt budget (module docstring); None: no limit
+    workers: int = 0  # environment worker processes; 0: step in this process
+    step_timeout: float = DEFAULT_STEP_TIMEOUT  # seconds per step in a worker (workers > 0)
 
     def __post_init__(self) -> None:
         if self.group_size < 1:
@@ -84,6 +92,10 @@ class CollectOptions:
                 raise ValueError(f"{name} must be >= 1 or None, got {value}")
         if self.response_format is not None:
             stop_strings(self.response_format)  # an unknown format is named
+        if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 0:
+            raise ValueError(f"workers must be an integer >= 0, got {self.workers!r}")
+        if not self.step_timeout > 0 or self.step_timeout == float("inf"):
+            raise ValueError(f"step_timeout must be a finite number > 0, got {self.step_timeout}")
 
 
 @dataclass(frozen=True, eq=False)
@@ -162,43 +174,50 @@ def collect(
 
     Args:
         model, tokenizer: the policy (any Hugging Face causal LM and its tokenizer).
-        env_factory: builds one fresh environment; called ``len(tasks) * group_size`` times.
+        env_factory: builds one fresh environment; called ``len(tasks) * group_size`` times
+            (in the worker processes when ``options.workers > 0``: then it must be picklable).
         tasks: G task seeds; ``env.reset(seed=task, split=options.split)`` gives the task.
         options: group size, split, sampling and prompt settings (:class:`CollectOptions`).
     """
-    from mcgpo.envs.pool import EnvPool
-
     if len(tasks) == 0:
         raise ValueError("tasks is empty: give at least one task seed")
     start = time.perf_counter()
     sampling = _sampling(model, tokenizer, options)
     n_env = len(tasks) * options.group_size
-    envs = [env_factory() for _ in range(n_env)]
-    limits = [options.max_turns or int(env.max_turns) for env in envs]
-    pool = EnvPool(envs)
     seeds = [int(tasks[e // options.group_size]) for e in range(n_env)]
     tally = _Tally()
-    t_env = time.perf_counter()
-    first = pool.reset(seeds, options.split)
-    tally.env_seconds += time.perf_counter() - t_env
-    current: list[Observation | None] = list(first)
-    task_type = ["" if o is None else o.task_type for o in first]
-    trajs = [_Trajectory() for _ in range(n_env)]
-    while True:
-        live = [
-            e
-            for e in range(n_env)
-            if current[e] is not None
-            and not trajs[e].done
-            and not pool.errored[e]
-            and len(trajs[e].rows) < limits[e]
-        ]
-        if not live:
-            break
-        _play_turn(sampling, pool, live, current, trajs, task_type, tally)
+    with _pool(env_factory, n_env, options) as pool:
+        limits = [options.max_turns or turns for turns in pool.max_turns]
+        t_env = time.perf_counter()
+        first = pool.reset(seeds, options.split)
+        tally.env_seconds += time.perf_counter() - t_env
+        current: list[Observation | None] = list(first)
+        task_type = ["" if o is None else o.task_type for o in first]
+        trajs = [_Trajectory() for _ in range(n_env)]
+        while True:
+            live = [
+                e
+                for e in range(n_env)
+                if current[e] is not None
+                and not trajs[e].done
+                and not pool.errored[e]
+                and len(trajs[e].rows) < limits[e]
+            ]
+            if not live:
+                break
+            _play_turn(sampling, pool, live, current, trajs, task_type, tally)
     errored = [bool(pool.errored[e]) for e in range(n_env)]
     rollout = _assemble(trajs, errored, sampling.pad, tally, start)
     return replace(rollout, errors={int(e): str(m) for e, m in pool.errors.items()})
+
+
+def _pool(env_factory: Callable[[], Env], n_env: int, opts: CollectOptions) -> EnvPool:
+    """The environments of one collection: here, or in ``opts.workers`` processes."""
+    if opts.workers == 0:
+        return EnvPool([env_factory() for _ in range(n_env)])
+    return EnvPool.in_workers(
+        env_factory, n_env, workers=opts.workers, step_timeout=opts.step_timeout
+    )
 
 
 def _sampling(model: Any, tokenizer: Any, opts: CollectOptions) -> _Sampling:

@@ -31,6 +31,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any
 
+from mcgpo.envs.pool import DEFAULT_STEP_TIMEOUT
 from mcgpo.shaping import SHAPING_COEF
 
 __all__ = [
@@ -71,12 +72,23 @@ class EnvConfig:
     )
     max_turns: int = _opt(0, "turns per episode; 0 = the environment's own limit")
     train_split: str = _opt("train", "split the training tasks come from")
+    workers: int = _opt(
+        0, "environment worker processes; 0 = step in this process (fastest for built-in envs)"
+    )
+    step_timeout: float = _opt(
+        DEFAULT_STEP_TIMEOUT,
+        "seconds a step in a worker may take before its trajectory is marked errored",
+    )
     # Options of the environment's constructor (--env.<option>, e.g. --env.n_receptacles 12),
     # checked by building one environment in the trainer setup.
     options: Mapping[str, Any] = field(default_factory=dict, metadata={"help": ""})
 
     def check(self) -> None:
         _at_least("env.max_turns", self.max_turns, 0)
+        _at_least("env.workers", self.workers, 0)
+        _positive("env.step_timeout", self.step_timeout)
+        if not math.isfinite(self.step_timeout):
+            raise ConfigError(f"env.step_timeout must be finite, got {self.step_timeout}")
 
 
 @dataclass(frozen=True)

@@ -66,6 +66,8 @@ RESUMABLE = {
     "device",
     "train.updates",
     "train.save_every",
+    "env.workers",  # where the environments step never changes the rollouts
+    "env.step_timeout",
 }
 
 
@@ -221,14 +223,12 @@ def tiny_corpus(cfg: RunConfig, make_env: Callable[[], Any]) -> Iterable[str]:
 
 
 def env_factory(cfg: RunConfig) -> Callable[[], Any]:
-    """A no-argument factory of fresh environments of ``cfg.env.name``."""
-    from mcgpo.envs import make_env
+    """A no-argument factory of fresh environments of ``cfg.env.name``; picklable
+    (:class:`~mcgpo.envs.workers.EnvSpec`), so that worker processes can build them too."""
+    from mcgpo.envs.workers import EnvSpec
 
-    name, typed = cfg.env.name, typed_env_options(cfg)
-
-    def make() -> Any:
-        return make_env(name, **typed)
-
+    name = cfg.env.name
+    make = EnvSpec(name, typed_env_options(cfg))
     try:
         make()  # a bad name or option, or a missing extra, is reported before any model work
     except (ValueError, TypeError, ImportError) as err:
@@ -259,8 +259,8 @@ def collect_options(
     seed: int,
 ) -> CollectOptions:
     """The options of :func:`mcgpo.rollout.collect` for a run: turn limit, response and
-    prompt budgets and history from ``cfg``; split, temperature, group size and seed differ
-    between training rollouts and evaluation, so the caller names them."""
+    prompt budgets, history and environment workers from ``cfg``; split, temperature, group
+    size and seed differ between training rollouts and evaluation, so the caller names them."""
     return CollectOptions(
         group_size=group_size,
         split=split,
@@ -271,6 +271,8 @@ def collect_options(
         response_format=response_format,
         seed=seed,
         max_prompt_tokens=cfg.rollout.max_prompt_tokens,
+        workers=cfg.env.workers,
+        step_timeout=cfg.env.step_timeout,
     )
 
 

@@ -1,0 +1,68 @@
+"""Environments that fail on purpose, importable by worker processes (spawn re-imports them).
+
+A fault is keyed by (seed, turn): the environment reset with ``seed`` fails on its
+``turn``-th step (1-based) by raising, hanging, exiting the process (``os._exit``) or
+segfaulting. Give each slot its own seed to aim a fault at one slot.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+from dataclasses import dataclass, field
+
+from mcgpo.envs import Observation, StepResult
+from mcgpo.envs.household import HouseholdEnv
+
+KINDS = ("raise", "hang", "exit", "segfault")
+
+
+class FaultEnv:
+    """HouseholdEnv that fails as ``faults[(seed, turn)]`` says (one of KINDS)."""
+
+    def __init__(self, faults: dict[tuple[int, int], str], fail_build: bool = False) -> None:
+        if fail_build:
+            raise OSError("no game files here")
+        self.env = HouseholdEnv()
+        self.max_turns = self.env.max_turns
+        self.faults = faults
+        self.seed = -1
+        self.turn = 0
+
+    def reset(self, seed: int = 0, split: str = "train") -> Observation:
+        self.seed, self.turn = seed, 0
+        if self.faults.get((seed, 0)) is not None:
+            self._fail(self.faults[(seed, 0)])
+        return self.env.reset(seed=seed, split=split)
+
+    def step(self, action: str) -> StepResult:
+        self.turn += 1
+        kind = self.faults.get((self.seed, self.turn))
+        if kind is not None:
+            self._fail(kind)
+        return self.env.step(action)
+
+    def expert_action(self) -> str:
+        return self.env.expert_action()
+
+    def _fail(self, kind: str) -> None:
+        if kind == "raise":
+            raise RuntimeError(f"simulated fault at seed {self.seed} turn {self.turn}")
+        if kind == "hang":
+            threading.Event().wait()
+        if kind == "exit":
+            os._exit(3)
+        if kind == "segfault":
+            ctypes.string_at(0)  # reads address 0: SIGSEGV
+
+
+@dataclass(frozen=True)
+class FaultSpec:
+    """Picklable factory of FaultEnv."""
+
+    faults: dict[tuple[int, int], str] = field(default_factory=dict)
+    fail_build: bool = False
+
+    def __call__(self) -> FaultEnv:
+        return FaultEnv(self.faults, self.fail_build)

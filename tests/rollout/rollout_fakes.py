@@ -5,10 +5,14 @@ actions are "step" and "wait". Any action text of even length ("step" has 4 char
 advances the counter, so a random policy wins some episodes and loses others, which is what
 the collect tests need; ``info["action_valid"]`` is True only for the two admissible texts.
 Reward 10 on the winning step. ``fail_seed`` / ``fail_turn`` make ``step`` raise on that
-task at that turn (1-based), ``fail_reset_seed`` makes ``reset`` raise.
+task at that turn (1-based), ``fail_reset_seed`` makes ``reset`` raise. ``CounterSpec`` is a
+picklable factory for worker processes whose environment can exit its process at a turn.
 """
 
 from __future__ import annotations
+
+import os
+from dataclasses import dataclass
 
 from mcgpo.envs.protocol import Context, Observation, StepResult
 
@@ -63,3 +67,27 @@ class CounterEnv:
 
     def expert_action(self) -> str:
         return "step"
+
+
+class ExitingCounter(CounterEnv):
+    """CounterEnv whose worker process exits (``os._exit``) at ``exit_turn`` of ``exit_seed``."""
+
+    def __init__(self, exit_seed: int, exit_turn: int) -> None:
+        super().__init__()
+        self.exit_seed, self.exit_turn = exit_seed, exit_turn
+
+    def step(self, action: str) -> StepResult:
+        if self.seed == self.exit_seed and self.turn + 1 == self.exit_turn:
+            os._exit(3)
+        return super().step(action)
+
+
+@dataclass(frozen=True)
+class CounterSpec:
+    """Picklable CounterEnv factory (worker processes); exits at (exit_seed, exit_turn)."""
+
+    exit_seed: int = -1
+    exit_turn: int = 0
+
+    def __call__(self) -> CounterEnv:
+        return ExitingCounter(self.exit_seed, self.exit_turn)

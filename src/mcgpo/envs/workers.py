@@ -23,6 +23,7 @@ behaves the same on Linux and macOS; its cost is an import of :mod:`mcgpo.envs` 
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import time
 import weakref
@@ -139,10 +140,8 @@ class _Worker:
 
     def stop(self) -> None:
         """Ask the process to finish, kill it if it does not."""
-        try:
+        with contextlib.suppress(OSError, ValueError):  # the pipe may already be gone
             self.conn.send(None)
-        except (OSError, ValueError):  # the pipe is already gone
-            pass
         self.process.join(_JOIN_TIMEOUT)
         self.kill()
 

@@ -8,6 +8,11 @@ the template words and the ``<think>``/``<action>`` tags are in the corpus) and 
 text in both formats. Only the training split is read: words that appear only in held-out
 tasks are left to the byte-level fallback of the tokenizer.
 
+An episode whose environment raises (in ``reset`` or ``step``) is skipped: none of its texts
+are kept, the environment is rebuilt for the next episode, and the returned
+:class:`Corpus` counts it (``skipped``, with one line per episode in ``errors``). Only when
+every episode of an environment fails is it an error (``ValueError``).
+
 Deterministic: the same arguments give the same list of texts.
 """
 
@@ -19,7 +24,21 @@ from collections.abc import Callable, Sequence
 from mcgpo.envs.protocol import Env
 from mcgpo.rollout.prompts import RESPONSE_FORMATS, format_response, render_prompt
 
-__all__ = ["environment_corpus"]
+__all__ = ["Corpus", "environment_corpus"]
+
+
+class Corpus(list[str]):
+    """The corpus texts (a plain list of strings), and the episodes skipped because their
+    environment raised: ``errors`` holds one line per skipped episode."""
+
+    def __init__(self, texts: Sequence[str] = (), errors: Sequence[str] = ()) -> None:
+        super().__init__(texts)
+        self.errors: list[str] = list(errors)
+
+    @property
+    def skipped(self) -> int:
+        """Episodes left out because their environment raised."""
+        return len(self.errors)
 
 
 def environment_corpus(
@@ -30,7 +49,7 @@ def environment_corpus(
     explore: float = 0.25,
     history: int = 2,
     make: Callable[[str], Env] | None = None,
-) -> list[str]:
+) -> Corpus:
     """Prompts and responses from the training tasks 0..episodes-1 of each environment.
 
     ``seed`` drives the exploratory actions only.
@@ -42,26 +61,46 @@ def environment_corpus(
         raise ValueError(f"explore must be in [0, 1], got {explore}")
     if make is None:
         from mcgpo.envs import make_env as make
-    texts: list[str] = []
+    corpus = Corpus()
     for name in env_names:
         env = make(name)
+        failed = 0
         for episode in range(episodes):
             rng = random.Random(f"corpus:{name}:{seed}:{episode}")
-            obs = env.reset(seed=episode, split="train")
-            past: list[tuple[str, str]] = []
-            for turn in range(env.max_turns):
-                fmt = RESPONSE_FORMATS[turn % 2]
-                texts.append(render_prompt(obs, past, history=history, response_format=fmt))
-                if obs.admissible_actions and rng.random() < explore:
-                    action = rng.choice(obs.admissible_actions)
-                else:
-                    action = env.expert_action()
-                texts.append(format_response(action, "action"))
-                texts.append(format_response(action, "think", thought=obs.text))
-                result = env.step(action)
-                past.append((obs.text, action))
-                obs = result.observation
-                if result.done:
-                    texts.append(obs.text)
-                    break
+            try:
+                texts = _episode(env, episode, rng, explore, history)
+            except Exception as exc:  # a broken episode is skipped, never the whole corpus
+                failed += 1
+                detail = " ".join(str(exc).split())
+                corpus.errors.append(f"{name} episode {episode}: {type(exc).__name__}: {detail}")
+                env = make(name)  # its state is unknown after the failure
+                continue
+            corpus.extend(texts)
+        if failed == episodes:
+            raise ValueError(
+                f"every corpus episode of {name!r} raised; first: {corpus.errors[-failed]}"
+            )
+    return corpus
+
+
+def _episode(env: Env, episode: int, rng: random.Random, explore: float, history: int) -> list[str]:
+    """The texts of one episode of training task ``episode``."""
+    texts: list[str] = []
+    obs = env.reset(seed=episode, split="train")
+    past: list[tuple[str, str]] = []
+    for turn in range(env.max_turns):
+        fmt = RESPONSE_FORMATS[turn % 2]
+        texts.append(render_prompt(obs, past, history=history, response_format=fmt))
+        if obs.admissible_actions and rng.random() < explore:
+            action = rng.choice(obs.admissible_actions)
+        else:
+            action = env.expert_action()
+        texts.append(format_response(action, "action"))
+        texts.append(format_response(action, "think", thought=obs.text))
+        result = env.step(action)
+        past.append((obs.text, action))
+        obs = result.observation
+        if result.done:
+            texts.append(obs.text)
+            break
     return texts

@@ -213,7 +213,8 @@ class WorkerSet:
                 pending.setdefault(w, []).append((slot, jobs[slot]))
         since = {w: time.monotonic() for w in pending}
         for w, todo in pending.items():
-            self._workers[w].conn.send(todo)
+            with contextlib.suppress(OSError):  # a worker that died idle: seen as EOF below
+                self._workers[w].conn.send(todo)
         while pending:
             self._wait_round(pending, since, results)
         return results

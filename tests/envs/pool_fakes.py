@@ -2,7 +2,10 @@
 
 A fault is keyed by (seed, turn): the environment reset with ``seed`` fails on its
 ``turn``-th step (1-based) by raising, hanging, exiting the process (``os._exit``) or
-segfaulting. Give each slot its own seed to aim a fault at one slot.
+segfaulting. Give each slot its own seed to aim a fault at one slot. A reset of a seed listed
+in the environment variable ``POOL_FAKES_FAIL_RESETS`` ("101,107") raises: set after a pool
+has started, it reaches only workers started later (the restarted ones), so it makes their
+replays fail.
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ class FaultEnv:
 
     def reset(self, seed: int = 0, split: str = "train") -> Observation:
         self.seed, self.turn = seed, 0
+        if str(seed) in os.environ.get("POOL_FAKES_FAIL_RESETS", "").split(","):
+            raise RuntimeError(f"reset of seed {seed} refused")
         if self.faults.get((seed, 0)) is not None:
             self._fail(self.faults[(seed, 0)])
         return self.env.reset(seed=seed, split=split)

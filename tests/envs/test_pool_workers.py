@@ -108,6 +108,39 @@ def test_two_faults_in_one_worker_and_a_hanging_reset(clean):
         assert (stats["reset_errors"], stats["step_errors"], stats["worker_restarts"]) == (1, 2, 3)
 
 
+def test_a_worker_killed_while_idle_costs_the_slot_it_steps_first(clean):
+    with EnvPool.in_workers(EnvSpec("household"), N, workers=2) as pool:
+        rngs = [random.Random(i) for i in range(N)]
+        first = pool.reset(SEEDS, "train")
+        current = dict(enumerate(first))
+        records = {i: [obs] for i, obs in current.items()}
+        pool.processes()[0].kill()  # worker 0 holds slots 0, 2, 4, 6
+        while pool.live():
+            actions = {i: rngs[i].choice(current[i].admissible_actions) for i in pool.live()}
+            for i, res in pool.step(actions).items():
+                records[i].append(res)
+                current[i] = res.observation
+        assert pool.errors == {0: "step turn 1: worker died (exit code -9); worker restarted"}
+        assert all(records[i] == clean[i] for i in range(1, N))
+
+
+def test_a_replay_that_fails_marks_its_slot_errored(clean, monkeypatch):
+    spec = FaultSpec({(SEEDS[FAULTY], TURN): "exit"})
+    with EnvPool.in_workers(spec, N, workers=2) as pool:
+        monkeypatch.setenv("POOL_FAKES_FAIL_RESETS", f"{SEEDS[1]},{SEEDS[7]}")
+        records = run(pool, SEEDS)  # slot 1 stepped before slot 5 in the round, slot 7 after
+    refused = "replay after a worker restart: RuntimeError: reset of seed {} refused"
+    assert pool.errors == {
+        1: f"after step turn {TURN}: " + refused.format(SEEDS[1]),
+        5: f"step turn {TURN}: worker died (exit code 3); worker restarted",
+        7: f"step turn {TURN}: " + refused.format(SEEDS[7]),
+    }
+    # slot 1's third step was returned before its state was lost; slot 7's was not
+    assert records[1] == clean[1][: TURN + 1] and records[7] == clean[7][:TURN]
+    assert all(records[i] == clean[i] for i in (0, 2, 3, 4, 6))
+    assert pool.stats()["step_errors"] == 3
+
+
 def test_close_stops_every_worker_and_leaves_no_zombie():
     pool = EnvPool.in_workers(EnvSpec("household"), 4, workers=2)
     processes = pool.processes()

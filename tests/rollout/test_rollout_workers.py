@@ -4,6 +4,7 @@ trajectory."""
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import numpy as np
 import pytest
@@ -65,3 +66,32 @@ def test_a_crashing_worker_costs_one_trajectory(counter_policy):
 def test_bad_worker_options(field, value, message):
     with pytest.raises(ValueError, match=message):
         CollectOptions(group_size=1, **RECIPE, **{field: value})
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"workers": -1}, "env.workers must be >= 0, got -1"),
+        ({"step_timeout": 0}, "env.step_timeout must be > 0, got 0"),
+        ({"step_timeout": float("inf")}, "env.step_timeout: expected a finite number, got inf"),
+    ],
+)
+def test_config_checks_the_worker_settings(env, message):
+    from mcgpo.training.config import ConfigError, from_dict
+
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        from_dict({"env": env}).check()  # inf is refused when read, the rest by check()
+
+
+def test_the_run_config_reaches_collect():
+    from mcgpo.training.config import from_dict
+    from mcgpo.training.setup import collect_options
+
+    cfg = from_dict({"env": {"workers": 4, "step_timeout": 2.5, "n_receptacles": 12}})
+    assert cfg.env.options == {"n_receptacles": 12}  # the new keys are fields, not env options
+    opts = collect_options(cfg, "think", split="train", temperature=1.0, group_size=2, seed=0)
+    assert (opts.workers, opts.step_timeout) == (4, 2.5)
+    default = collect_options(
+        from_dict({}), "think", split="train", temperature=1.0, group_size=2, seed=0
+    )
+    assert (default.workers, default.step_timeout) == (0, 60.0)

@@ -59,7 +59,7 @@ def test_workers_give_the_in_process_records_and_stats(clean):
 # kind -> the error after "step turn 3: ", and whether the worker is replaced
 FAULTS = {
     "raise": ("RuntimeError: simulated fault at seed 105 turn 3", False),
-    "hang": ("timed out after 1.5 s; worker restarted", True),
+    "hang": ("timed out after 3 s; worker restarted", True),
     "exit": ("worker died (exit code 3); worker restarted", True),
     "segfault": ("worker died (exit code -11); worker restarted", True),
 }
@@ -69,7 +69,7 @@ FAULTS = {
 def test_a_fault_costs_its_slot_only(clean, kind):
     message, restarted = FAULTS[kind]
     spec = FaultSpec({(SEEDS[FAULTY], TURN): kind})
-    with EnvPool.in_workers(spec, N, workers=2, step_timeout=1.5) as pool:
+    with EnvPool.in_workers(spec, N, workers=2, step_timeout=3.0) as pool:
         before = [p.pid for p in pool.processes()]
         records = run(pool, SEEDS)
         after = [p.pid for p in pool.processes()]
@@ -88,19 +88,19 @@ def test_a_fault_costs_its_slot_only(clean, kind):
         assert all(p.is_alive() for p in pool.processes())
         if restarted:
             assert gone(before[1])
-        # the next batch starts clean on the new worker (and meets the fault again)
-        run(pool, SEEDS)
-        assert list(pool.errors) == [FAULTY]
+        if kind != "hang":  # (a hang would cost its timeout again)
+            # the next batch starts clean on the new worker (and meets the fault again)
+            assert run(pool, SEEDS) == records and list(pool.errors) == [FAULTY]
 
 
 def test_two_faults_in_one_worker_and_a_hanging_reset(clean):
     faults = {(SEEDS[1], 2): "exit", (SEEDS[7], 2): "hang", (SEEDS[4], 0): "hang"}
-    with EnvPool.in_workers(FaultSpec(faults), N, workers=2, step_timeout=1.0) as pool:
+    with EnvPool.in_workers(FaultSpec(faults), N, workers=2, step_timeout=3.0) as pool:
         records = run(pool, SEEDS)
         assert sorted(pool.errors) == [1, 4, 7]
-        assert pool.errors[4] == "reset seed 104: timed out after 1 s; worker restarted"
+        assert pool.errors[4] == "reset seed 104: timed out after 3 s; worker restarted"
         assert pool.errors[1] == "step turn 2: worker died (exit code 3); worker restarted"
-        assert pool.errors[7] == "step turn 2: timed out after 1 s; worker restarted"
+        assert pool.errors[7] == "step turn 2: timed out after 3 s; worker restarted"
         assert 4 not in records and records[1] == clean[1][:2] and records[7] == clean[7][:2]
         for i in (0, 2, 3, 5, 6):
             assert records[i] == clean[i], i

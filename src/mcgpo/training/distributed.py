@@ -113,15 +113,28 @@ def init_world(cfg: RunConfig) -> tuple[RunConfig, World]:
 
 
 def launch_local(nproc: int, argv: list[str]) -> int:
-    """``mcgpo <argv>`` in ``nproc`` processes on this machine, by torch's own launcher
-    (``torchrun --standalone --nproc-per-node nproc -m mcgpo <argv>``); its exit status."""
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.run import main as torchrun
+    """``python -m mcgpo <argv>`` in ``nproc`` processes on this machine, started by torch's
+    own launcher (torch.distributed.launcher, what ``torchrun --standalone`` runs); returns
+    the exit status (1 if a rank failed: each failing rank has printed its own error)."""
+    import sys
+    import uuid
 
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    config = LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=nproc,
+        run_id=str(uuid.uuid4()),
+        rdzv_backend="c10d",
+        rdzv_endpoint="localhost:0",
+        max_restarts=0,
+    )
     try:
-        torchrun(["--standalone", f"--nproc-per-node={nproc}", "-m", "mcgpo", *argv])
+        elastic_launch(config, sys.executable)("-m", "mcgpo", *argv)
     except ChildFailedError:
-        return 1  # each failing rank has printed its own error line
+        return 1
     return 0
 
 

@@ -133,3 +133,33 @@ def test_two_processes_resume_as_uninterrupted(tmp_path, smoke_args):
     assert max(float((wa[k] - wb[k]).abs().max()) for k in wa) < 1e-6
     # the same world size only: a 1-process resume of a 2-process run is refused
     assert main(smoke_args(split, *GREEDY, "--resume")) == 2
+
+
+@pytest.mark.slow
+def test_steps_that_one_rank_has_no_rows_of_match_one_process(tmp_path, smoke_args):
+    """mini_batch_size 4 puts each 12-row group in a step of its own: step 1 holds rank 0's
+    group only, step 2 rank 1's, so the other rank joins the all-reduce with a zero loss;
+    micro_batch_size 5 gives the ranks cuts the single process does not make. 3 held-out
+    tasks split 2 + 1 over the ranks and gathered."""
+    extra = (*GREEDY, "--train.mini_batch_size", "4", "--train.micro_batch_size", "5")
+    one, two = tmp_path / "one", tmp_path / "two"
+    assert main(smoke_args(one, *extra, "--eval.tasks", "3")) == 0
+    _launch(smoke_args(two, *extra, "--eval.tasks", "3", "--nproc", "2"))
+    wa, wb = _weights(one / "model"), _weights(two / "model")
+    assert max(float((wa[k] - wb[k]).abs().max()) for k in wa) < 1e-5
+    from mcgpo.training.metrics import read_metrics
+
+    ra, rb = read_metrics(one / "metrics.jsonl"), read_metrics(two / "metrics.jsonl")
+    evals = [[r for r in rs if "eval/episodes" in r] for rs in (ra, rb)]
+    for a, b in zip(*evals, strict=True):
+        assert {k: v for k, v in a.items() if k.startswith("eval/") and k != "eval/time"} == {
+            k: v for k, v in b.items() if k.startswith("eval/") and k != "eval/time"
+        }
+    steps = [[r["update/optimizer_steps"] for r in rs if "update/rows" in r] for rs in (ra, rb)]
+    assert steps[0] == steps[1] == [2.0, 2.0]
+
+
+def test_progress_gpo_fail_share_is_refused_across_processes(tmp_path, smoke_args, capsys):
+    args = smoke_args(tmp_path / "run", "--algo.name", "progress_gpo", "--nproc", "2")
+    assert main([*args, "--algo.scale_by_fail_share", "true"]) == 2
+    assert "scale_by_fail_share" in capsys.readouterr().err

@@ -87,6 +87,22 @@ def check_world(cfg: RunConfig, size: int) -> None:
         raise ConfigError(f"backend must be auto, gloo or nccl; got {cfg.backend!r}")
     if cfg.backend == "nccl" and not cfg.device.startswith("cuda"):
         raise ConfigError("backend nccl needs device cuda; use gloo on CPU")
+    if size > 1 and _scales_by_fail_share(cfg):
+        raise ConfigError(
+            "progress_gpo with scale_by_fail_share needs the share of all-fail groups of the "
+            "whole batch, which one rank does not see; train it in one process"
+        )
+
+
+def _scales_by_fail_share(cfg: RunConfig) -> bool:
+    """progress_gpo's ``scale_by_fail_share``: the one estimator option that is not
+    group-local (its lam is scaled by the batch-wide share of all-fail groups)."""
+    from mcgpo.training.config import parse_scalar
+
+    value = cfg.algo.estimator.get("scale_by_fail_share", False)
+    return cfg.algo.name == "progress_gpo" and bool(
+        parse_scalar(value) if isinstance(value, str) else value
+    )
 
 
 def init_world(cfg: RunConfig) -> tuple[RunConfig, World]:

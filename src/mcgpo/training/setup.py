@@ -163,7 +163,9 @@ def setup_run(cfg: RunConfig, command: str = "", world: World = SINGLE) -> Run:
 
         device = next(model.parameters()).device
         device_ids = [device.index] if device.type == "cuda" else None
-        learner = DistributedDataParallel(model, device_ids=device_ids)
+        # buffers (rotary tables) are equal everywhere; broadcasting them at every forward
+        # would be a collective per micro-batch, and ranks run different numbers of those
+        learner = DistributedDataParallel(model, device_ids=device_ids, broadcast_buffers=False)
     fields = {f.name: getattr(setup, f.name) for f in dataclasses.fields(RunSetup)}
     return Run(
         **{**fields, "model": model},

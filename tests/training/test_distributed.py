@@ -163,3 +163,34 @@ def test_progress_gpo_fail_share_is_refused_across_processes(tmp_path, smoke_arg
     args = smoke_args(tmp_path / "run", "--algo.name", "progress_gpo", "--nproc", "2")
     assert main([*args, "--algo.scale_by_fail_share", "true"]) == 2
     assert "scale_by_fail_share" in capsys.readouterr().err
+
+
+@given(
+    st.lists(st.integers(1, 7), min_size=1, max_size=12),
+    st.integers(1, 4),
+    st.integers(0, 20),
+)
+def test_rank_layouts_are_the_single_process_layout_cut_by_rank(sizes, world_size, size):
+    """Each rank's part of step k, shifted by the rows of earlier ranks, is exactly the
+    single process's step k restricted to that rank's rows (ranks hold contiguous blocks of
+    whole groups); the gather is replaced by the list every rank would receive."""
+    from mcgpo.training import update
+
+    groups = np.repeat(np.arange(len(sizes)), sizes)
+    single = update.plan_mini_batches(len(groups), size, groups)
+    blocks = [list(rank_block(len(sizes), World(r, world_size))) for r in range(world_size)]
+    counts = [[sizes[g] for g in block] for block in blocks]
+    row0 = 0
+    for r, block in enumerate(blocks):
+        local = np.repeat(np.arange(len(block)), counts[r])
+        original = update.gather_objects
+        update.gather_objects = lambda obj, world, c=counts: c
+        try:
+            mine = update.plan_rank_mini_batches(len(local), size, local, World(r, world_size))
+        finally:
+            update.gather_objects = original
+        assert len(mine) == len(single)
+        for k, step in enumerate(single):
+            expected = step[(step >= row0) & (step < row0 + len(local))] - row0
+            assert mine[k].tolist() == expected.tolist()
+        row0 += len(local)

@@ -280,20 +280,24 @@ def update_policy(
                 skipped += 1
     optimizer.zero_grad(set_to_none=True)
     out = {k: totals[k] / weights[k] if weights[k] else float("nan") for k in totals}
-    out.update(
-        {
-            "update/optimizer_steps": float(steps),
-            "update/skipped": float(skipped),
-            "update/rows": float(n),
-            "update/tokens": float(batch.response_mask.sum()),
-            "update/max_micro_tokens": float(layout.widest),
-            "pairs/given": float(len(pairs.plus)),
-            "pairs/split_mini": float(layout.split_mini),
-            "pairs/split_micro": float(layout.split_micro),
-            "pairs/used": float(used) / cfg.ppo_epochs,
-        }
-    )
-    return out
+    return {**out, **_counts(batch, layout, pairs, steps, skipped, used / cfg.ppo_epochs)}
+
+
+def _counts(
+    batch: TokenBatch, layout: _Layout, pairs: PairBatch, steps: int, skipped: int, used: float
+) -> dict[str, float]:
+    """The counts of one update on this rank (steps, rows, tokens, pairs)."""
+    return {
+        "update/optimizer_steps": float(steps),
+        "update/skipped": float(skipped),
+        "update/rows": float(len(batch)),
+        "update/tokens": float(batch.response_mask.sum()),
+        "update/max_micro_tokens": float(layout.widest),
+        "pairs/given": float(len(pairs.plus)),
+        "pairs/split_mini": float(layout.split_mini),
+        "pairs/split_micro": float(layout.split_micro),
+        "pairs/used": float(used),
+    }
 
 
 def _gradient_sync(model: Any, *, last: bool) -> Any:

@@ -194,3 +194,55 @@ def test_rank_layouts_are_the_single_process_layout_cut_by_rank(sizes, world_siz
             expected = step[(step >= row0) & (step < row0 + len(local))] - row0
             assert mine[k].tolist() == expected.tolist()
         row0 += len(local)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_two_nodes_on_localhost_train_as_one_machine(tmp_path, smoke_args):
+    """Two torchrun invocations (--nnodes 2, one process each) meeting at a c10d rendezvous
+    on 127.0.0.1 train what ``--nproc 2`` on one machine trains."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2] / "src")}
+    two_nodes, one_node = tmp_path / "nodes", tmp_path / "node"
+    endpoint = f"127.0.0.1:{_free_port()}"
+    nodes = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nnodes",
+                "2",
+                "--nproc-per-node",
+                "1",
+                "--node-rank",
+                str(rank),
+                "--rdzv-backend",
+                "c10d",
+                "--rdzv-endpoint",
+                endpoint,
+                "--rdzv-id",
+                "test-two-nodes",
+                "-m",
+                "mcgpo",
+                *smoke_args(two_nodes, *GREEDY),
+            ],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
+    for node in nodes:
+        _, err = node.communicate(timeout=300)
+        assert node.returncode == 0, err[-2000:]
+    _launch(smoke_args(one_node, *GREEDY, "--nproc", "2"))
+    wa, wb = _weights(one_node / "model"), _weights(two_nodes / "model")
+    assert max(float((wa[k] - wb[k]).abs().max()) for k in wa) == 0.0

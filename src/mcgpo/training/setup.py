@@ -94,6 +94,10 @@ class Run(RunSetup):
     world: World = SINGLE  # this process's rank and the world size
     learner: Any = None  # what the update runs: ``model``, or its DDP wrapper when W > 1
 
+    def __post_init__(self) -> None:
+        if self.learner is None:
+            self.learner = self.model
+
 
 def prepare(cfg: RunConfig, command: str = "", *, kind: str, world: World = SINGLE) -> RunSetup:
     """The setup shared by ``mcgpo train`` / ``sft`` / ``eval`` (``kind``), in that order:

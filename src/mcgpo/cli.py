@@ -19,6 +19,7 @@ checkpoint to resume) prints one line on stderr and exits with code 2, never a t
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -281,6 +282,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.parse_args([command, "--help"])
         cfg = resolve(command, argv[1:])
         check_environment(cfg)
+        if command == "train" and cfg.nproc > 1:
+            from mcgpo.training.distributed import check_world, launch_local, launched_world_size
+
+            if launched_world_size() == 1:  # the --nproc shortcut: start the N processes
+                check_world(cfg, cfg.nproc)  # a bad world setting is one line, exit 2
+                return launch_local(cfg.nproc, argv)
         return _run(command, cfg, " ".join(["mcgpo", *argv]))
     except (UsageError, ConfigError) as err:
         command = argv[0] if argv and argv[0] in COMMANDS else ""
@@ -307,7 +314,8 @@ def _run(command: str, cfg: RunConfig, command_line: str) -> int:
         from mcgpo.training.evaluate import run_eval
 
         summary = run_eval(cfg, command=command_line)
-    print(summary.render())
+    if int(os.environ.get("RANK", "0")) == 0:  # several processes: rank 0 prints
+        print(summary.render())
     return 0
 
 

@@ -218,6 +218,10 @@ class RunConfig:
     save_rollouts: bool = _opt(False, "save each update's StepTable as Parquet")
     tensorboard: bool = _opt(True, "write TensorBoard event files")
     progress: bool = _opt(True, "show a progress bar")
+    nproc: int = _opt(
+        1, "training processes on this machine (world size; torchrun sets it); see scale-out.md"
+    )
+    backend: str = _opt("auto", "torch.distributed backend: auto (gloo on CPU, nccl on CUDA)")
     env: EnvConfig = field(default_factory=EnvConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
@@ -234,6 +238,8 @@ class RunConfig:
         if self.device != "cpu" and not self.device.startswith("cuda"):
             raise ConfigError(f"device must be cpu or cuda[:N], got {self.device!r}")
         _at_least("threads", self.threads, 0)
+        _at_least("nproc", self.nproc, 1)
+        _choice("backend", self.backend, ("auto", "gloo", "nccl"))
         _at_least("corpus_episodes", self.corpus_episodes, 1)
         for section in (self.env, self.rollout, self.algo, self.train, self.eval, self.sft):
             section.check()

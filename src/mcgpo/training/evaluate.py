@@ -20,6 +20,7 @@ from mcgpo.grouping import trajectory_view
 from mcgpo.rollout.collect import collect
 from mcgpo.steps import StepTable
 from mcgpo.training.config import RunConfig
+from mcgpo.training.distributed import SINGLE, World, gather_objects, rank_block, union_tables
 from mcgpo.training.metrics import Table
 from mcgpo.training.setup import RunSetup, collect_options, prepare
 
@@ -58,9 +59,12 @@ def episode_summary(table: StepTable, prefix: str) -> dict[str, float]:
     return out
 
 
-def evaluate(setup: RunSetup) -> dict[str, float]:
+def evaluate(setup: RunSetup, world: World = SINGLE) -> dict[str, float]:
     """One episode per held-out task at ``eval.temperature`` with the policy of ``setup`` (as
-    it is now); returns ``eval/*`` metrics (empty when ``eval.tasks`` is 0)."""
+    it is now); returns ``eval/*`` metrics (empty when ``eval.tasks`` is 0).
+
+    With W > 1 processes each rank plays a contiguous block of the held-out tasks; the
+    StepTables are gathered and every rank returns the metrics of their union."""
     cfg = setup.cfg
     if cfg.eval.tasks == 0:
         return {}
@@ -72,9 +76,12 @@ def evaluate(setup: RunSetup) -> dict[str, float]:
         group_size=1,
         seed=eval_seed(cfg.seed),
     )
-    tasks = list(range(cfg.eval.tasks))
-    rollout = collect(setup.model, setup.tokenizer, setup.make_env, tasks, options)
-    return episode_summary(rollout.table, "eval")
+    tasks = list(rank_block(cfg.eval.tasks, world))
+    table = None
+    if tasks:  # a rank can have no task when there are fewer tasks than ranks
+        table = collect(setup.model, setup.tokenizer, setup.make_env, tasks, options).table
+    tables = [t for t in gather_objects(table, world) if t is not None]
+    return episode_summary(union_tables(tables, group_size=1), "eval")
 
 
 def run_eval(cfg: RunConfig, command: str = "") -> Table:

@@ -24,6 +24,16 @@ from mcgpo.training.checkpoint import atomic_write_text
 __all__ = ["MetricSinks", "ProgressBar", "Table", "read_metrics", "run_stages"]
 
 
+class SilentSinks:
+    """The sinks of ranks other than 0 in a multi-process run: records go nowhere."""
+
+    def write(self, update: int, metrics: Mapping[str, Any]) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 class MetricSinks:
     """Writes each record to ``metrics.jsonl`` and (optionally) TensorBoard."""
 

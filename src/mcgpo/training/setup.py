@@ -32,7 +32,8 @@ import torch
 from mcgpo.rollout.collect import CollectOptions
 from mcgpo.training.checkpoint import latest_checkpoint, load_checkpoint, restore_rng
 from mcgpo.training.config import ConfigError, RunConfig, flatten, from_dict, parse_scalar
-from mcgpo.training.metrics import MetricSinks
+from mcgpo.training.distributed import SINGLE, World, barrier
+from mcgpo.training.metrics import MetricSinks, SilentSinks
 
 __all__ = [
     "KINDS",
@@ -89,17 +90,24 @@ class Run(RunSetup):
 
     ref_model: Any  # frozen initial policy for the KL term (None when kl_coef == 0)
     optimizer: torch.optim.Optimizer
-    sinks: MetricSinks
+    sinks: MetricSinks | SilentSinks  # SilentSinks on ranks other than 0
     updates_done: int  # updates completed
     task_cursor: int  # number of the next training task
+    world: World = SINGLE  # this process's rank and the world size
+    learner: Any = None  # what the update runs: ``model``, or its DDP wrapper when W > 1
+
+    def __post_init__(self) -> None:
+        if self.learner is None:
+            self.learner = self.model
 
 
-def prepare(cfg: RunConfig, command: str = "", *, kind: str) -> RunSetup:
+def prepare(cfg: RunConfig, command: str = "", *, kind: str, world: World = SINGLE) -> RunSetup:
     """The setup shared by ``mcgpo train`` / ``sft`` / ``eval`` (``kind``), in that order:
 
     typed env options (train: and the algorithm's options, then the run-folder checks of
     :func:`setup_run`), the environment factory (builds one environment), the ``--out``
     folder (created, checked writable), ``config.toml`` (train and sft), runtime, policy.
+    With several processes (``world``) every rank checks the folder before rank 0 writes.
     """
     from mcgpo.training.presets import to_toml
 
@@ -113,7 +121,8 @@ def prepare(cfg: RunConfig, command: str = "", *, kind: str) -> RunSetup:
         _check_run_folder(cfg)
     make_env = env_factory(cfg)
     folder = writable_folder(cfg.out)
-    if kind != "eval":
+    barrier(world)  # every rank has checked the folder before rank 0 writes into it
+    if kind != "eval" and world.main:
         (folder / "config.toml").write_text(to_toml(cfg, command), encoding="utf-8")
     apply_runtime(cfg)
     model, tokenizer = load_model(cfg, make_env=make_env)
@@ -127,9 +136,12 @@ def prepare(cfg: RunConfig, command: str = "", *, kind: str) -> RunSetup:
     )
 
 
-def setup_run(cfg: RunConfig, command: str = "") -> Run:
-    """Everything the training loop needs; a fresh run or the resumed one in ``cfg.out``."""
-    setup = prepare(cfg, command, kind="train")
+def setup_run(cfg: RunConfig, command: str = "", world: World = SINGLE) -> Run:
+    """Everything the training loop needs; a fresh run or the resumed one in ``cfg.out``.
+
+    With W > 1 processes (``world``) every rank builds the same model from the same seed (or
+    loads the same checkpoint); DDP wraps it as ``learner``; only rank 0 writes metrics."""
+    setup = prepare(cfg, command, kind="train", world=world)
     cfg, model = setup.cfg, setup.model
     ref_model = None
     if cfg.train.kl_coef > 0:  # the initial policy, also when resuming
@@ -147,9 +159,19 @@ def setup_run(cfg: RunConfig, command: str = "") -> Run:
     if state is not None:
         optimizer.load_state_dict(state.optimizer)
         restore_rng(state.rng)
-    sinks = MetricSinks(
-        setup.folder, tensorboard=cfg.tensorboard, resume_at=updates_done if cfg.resume else None
-    )
+    sinks: MetricSinks | SilentSinks = SilentSinks()
+    if world.main:
+        resume_at = updates_done if cfg.resume else None
+        sinks = MetricSinks(setup.folder, tensorboard=cfg.tensorboard, resume_at=resume_at)
+    learner = model
+    if world.size > 1:
+        from torch.nn.parallel import DistributedDataParallel
+
+        device = next(model.parameters()).device
+        device_ids = [device.index] if device.type == "cuda" else None
+        # buffers (rotary tables) are equal everywhere; broadcasting them at every forward
+        # would be a collective per micro-batch, and ranks run different numbers of those
+        learner = DistributedDataParallel(model, device_ids=device_ids, broadcast_buffers=False)
     fields = {f.name: getattr(setup, f.name) for f in dataclasses.fields(RunSetup)}
     return Run(
         **{**fields, "model": model},
@@ -158,6 +180,8 @@ def setup_run(cfg: RunConfig, command: str = "") -> Run:
         sinks=sinks,
         updates_done=updates_done,
         task_cursor=cursor,
+        world=world,
+        learner=learner,
     )
 
 

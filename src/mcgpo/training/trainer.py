@@ -24,11 +24,19 @@ import time
 from typing import Any
 
 import numpy as np
+import torch
 
 from mcgpo.rollout.collect import Rollout, collect
 from mcgpo.training.algorithms import Credit, assign_credit
 from mcgpo.training.checkpoint import save_checkpoint
 from mcgpo.training.config import RunConfig
+from mcgpo.training.distributed import (
+    barrier,
+    gather_objects,
+    init_world,
+    merge_metrics,
+    rank_block,
+)
 from mcgpo.training.evaluate import evaluate
 from mcgpo.training.metrics import ProgressBar, Table, read_metrics
 from mcgpo.training.setup import Run, collect_options, rollout_seed, setup_run
@@ -38,18 +46,31 @@ __all__ = ["train"]
 
 
 def train(cfg: RunConfig, command: str = "") -> Table:
-    """Run (or resume) training as configured; return the before/after evaluation table."""
-    run = setup_run(cfg, command)
-    cfg = run.cfg
+    """Run (or resume) training as configured; return the before/after evaluation table.
+
+    Under torchrun (W > 1 processes) each rank plays its block of whole groups and the
+    update is DDP (:mod:`mcgpo.training.distributed`); rank 0 writes every file.
+    """
+    cfg, world = init_world(cfg)
+    try:
+        return _train(setup_run(cfg, command, world))
+    finally:
+        if world.size > 1:
+            torch.distributed.destroy_process_group()
+
+
+def _train(run: Run) -> Table:
+    cfg, world = run.cfg, run.world
     if run.updates_done == 0:
         _evaluate(run)  # the "before" column of the final table
-    bar = ProgressBar(cfg.train.updates, run.updates_done, enabled=cfg.progress)
+    bar = ProgressBar(cfg.train.updates, run.updates_done, enabled=cfg.progress and world.main)
     while run.updates_done < cfg.train.updates:
         update = run.updates_done + 1
         clock = time.perf_counter()
 
-        # 1. Collect G x N rollouts on the next G training tasks.
-        tasks = list(range(run.task_cursor, run.task_cursor + cfg.rollout.groups))
+        # 1. Collect G x N rollouts on the next G training tasks (this rank's block of them).
+        block = rank_block(cfg.rollout.groups, world)
+        tasks = [run.task_cursor + g for g in block]
         options = collect_options(
             cfg,
             run.response_format,
@@ -71,7 +92,7 @@ def train(cfg: RunConfig, command: str = "") -> Table:
         # 3. The PPO update, the pair loss in the same micro-batch passes.
         clock = time.perf_counter()
         stats = update_policy(
-            run.model,
+            run.learner,
             run.optimizer,
             learnable.tokens,
             credit.advantages,
@@ -80,13 +101,16 @@ def train(cfg: RunConfig, command: str = "") -> Table:
             lambda_pair=cfg.algo.lambda_pair,
             ref_model=run.ref_model,
             groups=learnable.table.group,  # mini-batches of whole task groups
+            world=world,
         )
         t_update = time.perf_counter() - clock
         run.updates_done = update
 
         # 4. Log.
         times = {"time/rollout": t_rollout, "time/credit": t_credit, "time/update": t_update}
-        metrics = _update_metrics(rollout, credit, stats, times)
+        metrics = merge_metrics(
+            gather_objects(_update_metrics(rollout, credit, stats, times), world)
+        )
         run.sinks.write(update, metrics)
         if cfg.save_rollouts:
             _save_rollouts(run, update, rollout, credit)
@@ -100,7 +124,9 @@ def train(cfg: RunConfig, command: str = "") -> Table:
             _checkpoint(run)
         bar.advance()
     bar.close()
-    _save_final_model(run)
+    if world.main:
+        _save_final_model(run)
+    barrier(world)
     run.sinks.close()
     return _summary(run)
 
@@ -125,13 +151,21 @@ def _evaluate(run: Run) -> dict[str, float]:
     if run.cfg.eval.tasks == 0:
         return {}
     clock = time.perf_counter()
-    stats = evaluate(run)
+    stats = evaluate(run, run.world)
     stats["time/eval"] = time.perf_counter() - clock
     run.sinks.write(run.updates_done, stats)
     return stats
 
 
 def _checkpoint(run: Run) -> None:
+    """Rank 0 writes the full state (DDP: every rank holds the same weights and optimiser
+    state); the others wait, so no rank runs ahead of a checkpoint that is being written."""
+    if run.world.main:
+        _write_checkpoint(run)
+    barrier(run.world)
+
+
+def _write_checkpoint(run: Run) -> None:
     save_checkpoint(
         run.folder,
         model=run.model,
@@ -156,7 +190,9 @@ def _save_rollouts(run: Run, update: int, rollout: Rollout, credit: Credit) -> N
     not learnable), ``pair`` (index of the row's preference pair or -1), ``pair_role``
     ("plus", "minus" or ""), ``pair_partner`` (row of the other decision or -1),
     ``pair_weight`` (c), ``pair_level`` ("exact"/"coarse") and ``response`` (decoded text).
-    Row numbers are positions in this file.
+    Row numbers are positions in this file. With W > 1 processes each rank writes its own
+    groups to ``update-NNNNNN-rankR.parquet`` (groups numbered from 0 on each rank; rank r's
+    groups follow those of ranks < r, see :func:`mcgpo.training.distributed.union_tables`).
     """
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -195,7 +231,8 @@ def _save_rollouts(run: Run, update: int, rollout: Rollout, credit: Credit) -> N
         table = table.append_column(name, pa.array(values))
     folder = run.folder / "rollouts"
     folder.mkdir(exist_ok=True)
-    pq.write_table(table, folder / f"update-{update:06d}.parquet")
+    rank = f"-rank{run.world.rank}" if run.world.size > 1 else ""  # groups numbered per rank
+    pq.write_table(table, folder / f"update-{update:06d}{rank}.parquet")
 
 
 def _summary(run: Run) -> Table:

@@ -40,6 +40,7 @@ Aggregation, stated exactly:
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -51,8 +52,15 @@ from mcgpo.objectives import pair_loss, plan_micro_batches, response_log_ratio, 
 from mcgpo.policy.logprobs import token_log_probs, token_log_probs_and_entropy
 from mcgpo.rollout.tokens import TokenBatch
 from mcgpo.training.config import TrainConfig
+from mcgpo.training.distributed import SINGLE, World, all_sum, gather_objects
 
-__all__ = ["PairBatch", "clip_gradients", "plan_mini_batches", "update_policy"]
+__all__ = [
+    "PairBatch",
+    "clip_gradients",
+    "plan_mini_batches",
+    "plan_rank_mini_batches",
+    "update_policy",
+]
 
 
 @dataclass(frozen=True)
@@ -117,22 +125,60 @@ def plan_mini_batches(n_rows: int, size: int, groups: np.ndarray | None = None) 
     return [np.flatnonzero(step_of_row == k) for k in range(step + 1)]
 
 
+def plan_rank_mini_batches(
+    n_rows: int, size: int, groups: np.ndarray | None, world: World
+) -> list[np.ndarray]:
+    """This rank's rows of each optimiser step of the *global* layout (W > 1).
+
+    The ranks hold contiguous blocks of whole groups in global group order. Every rank
+    gathers the row count of every group of every rank, plans the single-process layout
+    (:func:`plan_mini_batches`) over those counts, and keeps its own rows of each step; a
+    rank with no rows in a step gets an empty array (it still joins that step's all-reduce).
+    So step k uses exactly the rows of the single process's step k.
+    """
+    if groups is None:
+        groups = np.arange(n_rows)
+    groups = np.asarray(groups).reshape(-1)
+    if groups.shape != (n_rows,):
+        raise ValueError(f"groups has shape {groups.shape}, expected ({n_rows},)")
+    _, first, member = np.unique(groups, return_index=True, return_inverse=True)
+    order = np.argsort(first, kind="stable")  # local groups in order of their first row
+    counts = np.bincount(member, minlength=len(first))[order]
+    every = gather_objects(counts.tolist(), world)
+    offset = sum(len(c) for c in every[: world.rank])
+    sizes = np.concatenate([np.asarray(c, dtype=np.int64) for c in every])
+    global_groups = np.repeat(np.arange(len(sizes)), sizes)
+    minis = plan_mini_batches(len(global_groups), size, global_groups)
+    step_of_global = np.empty(len(sizes), dtype=np.int64)
+    for k, rows in enumerate(minis):
+        step_of_global[global_groups[rows]] = k
+    rank_of_local = np.empty(len(first), dtype=np.int64)
+    rank_of_local[order] = np.arange(len(first))  # local group id -> position in `order`
+    step_of_row = step_of_global[offset + rank_of_local[member]]
+    return [np.flatnonzero(step_of_row == k) for k in range(len(minis))]
+
+
 @dataclass(frozen=True)
 class _Layout:
     """The rows of every micro-batch of every optimiser step, planned once per update."""
 
     steps: list[list[np.ndarray]]  # [mini-batch][micro-batch] -> batch row ids
+    rows: list[int]  # rows of each mini-batch, over all ranks
+    tokens: list[int]  # response tokens of each mini-batch, over all ranks
     split_mini: int  # pairs whose two rows lie in different mini-batches
     split_micro: int  # pairs inside one mini-batch whose rows lie in different micro-batches
     widest: int  # token slots (rows x padded length) of the largest micro-batch
 
 
 def _layout(
-    batch: TokenBatch, cfg: TrainConfig, pairs: PairBatch, groups: np.ndarray | None
+    batch: TokenBatch, cfg: TrainConfig, pairs: PairBatch, groups: np.ndarray | None, world: World
 ) -> _Layout:
     """Mini-batches by task group; inside each, rows by length cut into micro-batches."""
     n = len(batch)
-    minis = plan_mini_batches(n, cfg.mini_batch_size, groups)
+    if world.size == 1:
+        minis = plan_mini_batches(n, cfg.mini_batch_size, groups)
+    else:
+        minis = plan_rank_mini_batches(n, cfg.mini_batch_size, groups, world)
     step_of_row = np.empty(n, dtype=np.int64)
     for k, mini in enumerate(minis):
         step_of_row[mini] = k
@@ -142,15 +188,23 @@ def _layout(
     for mini in minis:
         by_length = mini[np.argsort(lengths[mini], kind="stable")]  # less padding
         inside = _pairs_inside(by_length, pairs)
-        if 0 < cfg.micro_batch_size < len(mini):
+        if len(mini) == 0:
+            micros, split = [], 0
+        elif 0 < cfg.micro_batch_size < len(mini):
             plan = plan_micro_batches(len(mini), cfg.micro_batch_size, inside.plus, inside.minus)
             micros, split = list(plan.batches), plan.split_pairs
         else:
             micros, split = [np.arange(len(mini))], 0
         steps.append([by_length[m] for m in micros])
         split_micro += split
-    widest = max(len(rows) * int(lengths[rows].max()) for micros in steps for rows in micros)
-    return _Layout(steps, split_mini, split_micro, widest)
+    widest = max(
+        (len(rows) * int(lengths[rows].max()) for micros in steps for rows in micros), default=0
+    )
+    counts = [(len(mini), int(batch.response_mask[torch.as_tensor(mini)].sum())) for mini in minis]
+    if world.size > 1:  # one all-reduce for the normalisers of every step
+        counts = all_sum(counts, world).astype(np.int64).tolist()
+    rows, tokens = [int(r) for r, _ in counts], [int(t) for _, t in counts]
+    return _Layout(steps, rows, tokens, split_mini, split_micro, widest)
 
 
 def update_policy(
@@ -164,6 +218,7 @@ def update_policy(
     lambda_pair: float = 0.0,
     ref_model: Any = None,
     groups: np.ndarray | None = None,
+    world: World = SINGLE,
 ) -> dict[str, float]:
     """Run ``cfg.ppo_epochs`` passes of clipped policy-gradient steps over ``batch``.
 
@@ -171,6 +226,10 @@ def update_policy(
     ``groups`` (``[rows]``, the StepTable's ``group`` column) makes the mini-batches whole
     task groups (:func:`plan_mini_batches`); None treats every row as its own group.
     ``ref_model`` is the frozen reference for the KL term (needed when ``cfg.kl_coef > 0``).
+    ``world`` (W > 1): ``model`` is DDP-wrapped and ``batch`` is this rank's block of whole
+    groups; the steps follow the global layout (:func:`plan_rank_mini_batches`), the
+    normalisers are the global row and token counts, and each rank's loss is scaled by W
+    because DDP averages the gradients: the summed gradient is the single-process one.
     Returns averaged statistics (losses, clip fractions, KL, entropy, gradient norm).
     """
     n = len(batch)
@@ -178,10 +237,11 @@ def update_policy(
         raise ValueError(f"advantages has shape {advantages.shape}, expected ({n},)")
     if cfg.kl_coef > 0 and ref_model is None:
         raise ValueError("kl_coef > 0 needs a reference model")
-    if n == 0:  # every trajectory of the batch errored: nothing to learn from
+    total = n if world.size == 1 else int(all_sum([n], world)[0])
+    if total == 0:  # every trajectory of the batch errored: nothing to learn from
         return {"update/optimizer_steps": 0.0, "update/rows": 0.0, "update/tokens": 0.0}
     pairs = pairs if pairs is not None and lambda_pair > 0 else PairBatch.empty()
-    layout = _layout(batch, cfg, pairs, groups)
+    layout = _layout(batch, cfg, pairs, groups, world)
     device = next(model.parameters()).device
     params = [p for p in model.parameters() if p.requires_grad]
     model.train()
@@ -193,20 +253,24 @@ def update_policy(
         weights[key] = weights.get(key, 0.0) + weight
 
     steps = skipped = used = 0
+    scale = world.size  # DDP averages gradients over the ranks; the loss is a global sum
     for _ in range(cfg.ppo_epochs):
-        for micros in layout.steps:
-            mini_rows = sum(len(rows) for rows in micros)
-            mini_tokens = int(batch.response_mask[torch.as_tensor(np.concatenate(micros))].sum())
+        for k, micros in enumerate(layout.steps):
+            mini_rows, mini_tokens = layout.rows[k], layout.tokens[k]
             optimizer.zero_grad(set_to_none=True)
-            for rows in micros:
-                stats = _micro_step(
-                    model, ref_model, batch.select(rows).to(device), advantages[rows], rows,
-                    pairs, cfg, lambda_pair,
-                    token_share=_share(batch, rows, mini_tokens), row_share=len(rows) / mini_rows,
-                )  # fmt: skip
+            for i, rows in enumerate(micros):
+                with _gradient_sync(model, last=i == len(micros) - 1):
+                    stats = _micro_step(
+                        model, ref_model, batch.select(rows).to(device), advantages[rows], rows,
+                        pairs, cfg, lambda_pair,
+                        token_share=scale * _share(batch, rows, mini_tokens),
+                        row_share=scale * len(rows) / mini_rows,
+                    )  # fmt: skip
                 used += int(stats.pop("pairs/used")[0])
                 for key, (value, weight) in stats.items():
                     add(key, value, weight)
+            if not micros:  # no rows of this step here: join its gradient all-reduce
+                _zero_backward(model, device)
             norm = clip_gradients(params, cfg.grad_clip)
             add("update/grad_norm", float(norm))
             if torch.isfinite(norm):
@@ -216,20 +280,38 @@ def update_policy(
                 skipped += 1
     optimizer.zero_grad(set_to_none=True)
     out = {k: totals[k] / weights[k] if weights[k] else float("nan") for k in totals}
-    out.update(
-        {
-            "update/optimizer_steps": float(steps),
-            "update/skipped": float(skipped),
-            "update/rows": float(n),
-            "update/tokens": float(batch.response_mask.sum()),
-            "update/max_micro_tokens": float(layout.widest),
-            "pairs/given": float(len(pairs.plus)),
-            "pairs/split_mini": float(layout.split_mini),
-            "pairs/split_micro": float(layout.split_micro),
-            "pairs/used": float(used) / cfg.ppo_epochs,
-        }
-    )
-    return out
+    return {**out, **_counts(batch, layout, pairs, steps, skipped, used / cfg.ppo_epochs)}
+
+
+def _counts(
+    batch: TokenBatch, layout: _Layout, pairs: PairBatch, steps: int, skipped: int, used: float
+) -> dict[str, float]:
+    """The counts of one update on this rank (steps, rows, tokens, pairs)."""
+    return {
+        "update/optimizer_steps": float(steps),
+        "update/skipped": float(skipped),
+        "update/rows": float(len(batch)),
+        "update/tokens": float(batch.response_mask.sum()),
+        "update/max_micro_tokens": float(layout.widest),
+        "pairs/given": float(len(pairs.plus)),
+        "pairs/split_mini": float(layout.split_mini),
+        "pairs/split_micro": float(layout.split_micro),
+        "pairs/used": float(used),
+    }
+
+
+def _gradient_sync(model: Any, *, last: bool) -> Any:
+    """DDP all-reduces the gradients in the backward of a step's last micro-batch only."""
+    if last or not hasattr(model, "no_sync"):
+        return contextlib.nullcontext()
+    return model.no_sync()
+
+
+def _zero_backward(model: Any, device: torch.device) -> None:
+    """A backward with zero loss, so a rank with no rows in a step joins DDP's all-reduce."""
+    ids = torch.zeros((1, 1), dtype=torch.long, device=device)
+    out = model(input_ids=ids, attention_mask=torch.ones_like(ids))
+    (out.logits.float().sum() * 0.0).backward()
 
 
 def _share(batch: TokenBatch, rows: np.ndarray, mini_tokens: int) -> float:

@@ -1,0 +1,246 @@
+"""Training across processes on torch.distributed: the world, the batch split, collectives.
+
+A run on W processes (``torchrun --nproc-per-node W -m mcgpo train ...`` or
+``mcgpo train --nproc W``) splits each update's ``G`` task groups into W contiguous blocks of
+``G/W`` whole groups: rank r plays global groups ``r*G/W .. (r+1)*G/W - 1`` on the task
+numbers the single-process run would give them, so the ranks' StepTables, laid end to end
+with :func:`union_tables`, are the single-process StepTable. Every estimator is group-local,
+so each rank computes advantages and pairs on its own groups (docs/scale-out.md lists each).
+The update is DDP (:mod:`mcgpo.training.update`); rank 0 writes every file.
+
+W = 1 is the single-process reference: no process group, no collective, nothing changes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from mcgpo.steps import StepTable
+from mcgpo.training.config import ConfigError, RunConfig
+
+__all__ = [
+    "World",
+    "all_sum",
+    "barrier",
+    "check_world",
+    "current_world",
+    "gather_objects",
+    "init_world",
+    "launch_local",
+    "launched_world_size",
+    "merge_metrics",
+    "rank_block",
+    "union_tables",
+]
+
+
+@dataclass(frozen=True)
+class World:
+    """This process's place in the run: ``rank`` of ``size`` processes."""
+
+    rank: int = 0
+    size: int = 1
+    local_rank: int = 0
+
+    @property
+    def main(self) -> bool:
+        """Rank 0: the process that writes files, metrics and the progress bar."""
+        return self.rank == 0
+
+
+SINGLE = World()
+
+
+def launched_world_size() -> int:
+    """``WORLD_SIZE`` as torchrun sets it; 1 outside a launched process."""
+    try:
+        return int(os.environ.get("WORLD_SIZE", "1"))
+    except ValueError:
+        raise ConfigError(f"WORLD_SIZE={os.environ['WORLD_SIZE']!r} is not a number") from None
+
+
+def current_world() -> World:
+    """The world of an initialised process group, else the single process."""
+    dist = torch.distributed
+    if not (dist.is_available() and dist.is_initialized()):
+        return SINGLE
+    return World(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
+
+
+def check_world(cfg: RunConfig, size: int) -> None:
+    """One-line :class:`ConfigError` for a world size the run cannot be split over."""
+    if cfg.nproc < 1:
+        raise ConfigError(f"nproc must be >= 1, got {cfg.nproc}")
+    if size > 1 and cfg.nproc not in (1, size):
+        raise ConfigError(f"--nproc {cfg.nproc} but the launcher started {size} processes")
+    if cfg.rollout.groups % size:
+        raise ConfigError(
+            f"rollout.groups ({cfg.rollout.groups}) must be divisible by the world size ({size})"
+        )
+    if cfg.backend not in ("auto", "gloo", "nccl"):
+        raise ConfigError(f"backend must be auto, gloo or nccl; got {cfg.backend!r}")
+    if cfg.backend == "nccl" and not cfg.device.startswith("cuda"):
+        raise ConfigError("backend nccl needs device cuda; use gloo on CPU")
+    if size > 1 and _scales_by_fail_share(cfg):
+        raise ConfigError(
+            "progress_gpo with scale_by_fail_share needs the share of all-fail groups of the "
+            "whole batch, which one rank does not see; train it in one process"
+        )
+
+
+def _scales_by_fail_share(cfg: RunConfig) -> bool:
+    """progress_gpo's ``scale_by_fail_share``: the one estimator option that is not
+    group-local (its lam is scaled by the batch-wide share of all-fail groups)."""
+    from mcgpo.training.config import parse_scalar
+
+    value = cfg.algo.estimator.get("scale_by_fail_share", False)
+    return cfg.algo.name == "progress_gpo" and bool(
+        parse_scalar(value) if isinstance(value, str) else value
+    )
+
+
+def init_world(cfg: RunConfig) -> tuple[RunConfig, World]:
+    """Join the process group torchrun set up (gloo on CPU, NCCL on CUDA) when W > 1.
+
+    Returns the config with ``nproc`` set to the world size (so config.toml records it and a
+    resume with another world size is refused) and, on CUDA, ``device`` = ``cuda:LOCAL_RANK``.
+    """
+    size = launched_world_size()
+    check_world(cfg, size)
+    if size == 1:
+        return cfg, SINGLE
+    dist = torch.distributed
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    device = cfg.device
+    if device.startswith("cuda"):
+        device = f"cuda:{local}"
+        torch.cuda.set_device(local)
+    backend = cfg.backend if cfg.backend != "auto" else ("nccl" if device != "cpu" else "gloo")
+    if not dist.is_initialized():
+        dist.init_process_group(backend)
+    cfg = dataclasses.replace(cfg, nproc=size, device=device)
+    return cfg, current_world()
+
+
+def launch_local(nproc: int, argv: list[str]) -> int:
+    """``python -m mcgpo <argv>`` in ``nproc`` processes on this machine, started by torch's
+    own launcher (torch.distributed.launcher, what ``torchrun --standalone`` runs); returns
+    the exit status (1 if a rank failed: each failing rank has printed its own error)."""
+    import sys
+    import uuid
+
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    config = LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=nproc,
+        run_id=str(uuid.uuid4()),
+        rdzv_backend="c10d",
+        rdzv_endpoint="localhost:0",
+        max_restarts=0,
+    )
+    try:
+        elastic_launch(config, sys.executable)("-m", "mcgpo", *argv)
+    except ChildFailedError:
+        return 1
+    return 0
+
+
+def rank_block(total: int, world: World) -> range:
+    """The contiguous block of ``range(total)`` that rank ``world.rank`` takes (sizes differ
+    by at most one when ``total`` is not divisible; trailing ranks may get one fewer)."""
+    base, extra = divmod(total, world.size)
+    start = world.rank * base + min(world.rank, extra)
+    return range(start, start + base + (world.rank < extra))
+
+
+def all_sum(values: np.ndarray | list[float], world: World) -> np.ndarray:
+    """Element-wise sum over the ranks (float64; the values themselves when W = 1)."""
+    array = np.asarray(values, dtype=np.float64)
+    if world.size == 1:
+        return array
+    tensor = torch.as_tensor(array, dtype=torch.float64)
+    if torch.distributed.get_backend() == "nccl":
+        tensor = tensor.cuda()
+    torch.distributed.all_reduce(tensor)
+    return tensor.cpu().numpy()
+
+
+def gather_objects(obj: Any, world: World) -> list[Any]:
+    """Every rank's ``obj`` in rank order (pickled; for small things: tables, metric dicts)."""
+    if world.size == 1:
+        return [obj]
+    out: list[Any] = [None] * world.size
+    torch.distributed.all_gather_object(out, obj)
+    return out
+
+
+def barrier(world: World) -> None:
+    if world.size > 1:
+        torch.distributed.barrier()
+
+
+def union_tables(tables: list[StepTable], group_size: int) -> StepTable:
+    """The ranks' StepTables end to end, as one process would have numbered them.
+
+    Rank r's groups are numbered from 0 on that rank; here they continue after the groups of
+    ranks < r (``group`` and ``traj`` shifted; ``traj = group * N + slot`` as collect does).
+    """
+    if len(tables) == 1:
+        return tables[0]
+    parts, offset = [], 0
+    for table in tables:
+        cols = dict(table.columns())
+        cols["group"] = cols["group"] + offset
+        cols["traj"] = cols["traj"] + offset * group_size
+        parts.append(cols)
+        offset += int(table.group.max()) + 1 if len(table) else 0
+    if not parts:
+        raise ValueError("union_tables needs at least one table")
+    joined = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+    return StepTable.from_columns(joined)
+
+
+# Metric keys that count things over the batch (summed over ranks); the rest are per-rank
+# rates and means, averaged over the ranks (equal-size blocks of whole groups).
+SUMMED = {
+    "rollout/trajectories",
+    "rollout/errored_trajectories",
+    "rollout/rows",
+    "rollout/tokens_generated",
+    "rollout/responses_truncated",
+    "rollout/prompts_no_history",
+    "rollout/prompts_cut",
+    "update/rows",
+    "update/tokens",
+    "pairs/given",
+    "pairs/split_mini",
+    "pairs/split_micro",
+    "pairs/used",
+}
+
+
+def merge_metrics(records: list[dict[str, float]]) -> dict[str, float]:
+    """One update record from the ranks' records: counts summed, other values averaged over
+    the ranks that report them (``time/*``: the slowest rank)."""
+    if len(records) == 1:
+        return records[0]
+    keys = list(dict.fromkeys(k for r in records for k in r))
+    out: dict[str, float] = {}
+    for key in keys:
+        values = [r[key] for r in records if key in r]
+        if key in SUMMED:
+            out[key] = float(np.sum(values))
+        elif key.startswith("time/"):
+            out[key] = float(np.max(values))
+        else:
+            out[key] = float(np.mean(values))
+    return out

@@ -1,0 +1,248 @@
+"""Training across processes (gloo on CPU): the batch split, the merge, and 2 ranks vs 1.
+
+The equivalence runs sample at temperature 0.001: one torch generator serves the whole
+batch in :func:`mcgpo.rollout.collect` today, so at T = 1 a rank holding half the groups
+draws other numbers than the single process (docs/scale-out.md, "Sampling"); at T = 0.001
+every draw is the arg-max, which depends on the policy only.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from mcgpo.cli import main
+from mcgpo.steps import StepTable
+from mcgpo.training.distributed import World, merge_metrics, rank_block, union_tables
+
+GREEDY = ("--rollout.temperature", "0.001", "--eval.temperature", "0.001", "--tensorboard", "false")
+
+
+@given(st.integers(0, 50), st.integers(1, 8))
+def test_rank_blocks_tile_the_range_in_order(total: int, size: int) -> None:
+    blocks = [rank_block(total, World(r, size)) for r in range(size)]
+    assert [i for b in blocks for i in b] == list(range(total))
+    assert max(map(len, blocks)) - min(map(len, blocks)) <= 1
+
+
+def _table(groups: int, size: int) -> StepTable:
+    one = {"turn": 0, "reward": 0.0, "done": True, "success": 0.0, "score": 0.0, "action": "a",
+           "action_valid": True, "anchor": "s", "next_anchor": "t"}  # fmt: skip
+    rows = [
+        {"group": g, "traj": g * size + s, "slot": s, **one}
+        for g in range(groups)
+        for s in range(size)
+    ]
+    return StepTable.from_records(rows)
+
+
+def test_union_renumbers_groups_and_trajectories_after_earlier_ranks() -> None:
+    # rank 0: groups 0, 1; rank 1: its group 0 is global group 2, trajs 2*3 + slot
+    joined = union_tables([_table(2, 3), _table(1, 3)], group_size=3)
+    assert joined.group.tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    assert joined.traj.tolist() == list(range(9))
+
+
+def test_merge_sums_counts_averages_rates_and_takes_the_slowest_time() -> None:
+    a = {"rollout/rows": 10.0, "rollout/success_rate": 0.5, "time/update": 1.0}
+    b = {"rollout/rows": 14.0, "rollout/success_rate": 0.25, "time/update": 3.0, "x": 2.0}
+    assert merge_metrics([a, b]) == {
+        "rollout/rows": 24.0,
+        "rollout/success_rate": 0.375,
+        "time/update": 3.0,
+        "x": 2.0,  # reported by one rank only: its value
+    }
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (("--nproc", "0"), "nproc must be >= 1, got 0"),
+        (("--nproc", "3"), "rollout.groups (2) must be divisible by the world size (3)"),
+        (("--backend", "mpi"), "backend must be one of auto, gloo, nccl; got 'mpi'"),
+        (("--nproc", "2", "--backend", "nccl"), "backend nccl needs device cuda"),
+    ],
+)
+def test_bad_world_settings_are_one_line_exit_2(tmp_path, smoke_args, capsys, extra, message):
+    assert main(smoke_args(tmp_path / "run", *extra)) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and message in err
+
+
+def _launch(args: list[str]) -> None:
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2] / "src")}
+    done = subprocess.run(
+        [sys.executable, "-m", "mcgpo", *args], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+def _weights(folder: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(glob.glob(str(folder / "*.safetensors"))[0])
+
+
+def _rows(folder: Path, update: int, ranks: int):
+    import pandas as pd
+
+    names = [f"update-{update:06d}.parquet"] if ranks == 1 else [
+        f"update-{update:06d}-rank{r}.parquet" for r in range(ranks)
+    ]  # fmt: skip
+    return pd.concat([pd.read_parquet(folder / "rollouts" / n) for n in names], ignore_index=True)
+
+
+@pytest.mark.slow
+def test_two_processes_train_as_one(tmp_path, smoke_args):
+    """2 ranks vs 1 process: the same rows, advantages and pairs at every update, and final
+    weights within 1e-5. The residual (about 1e-7 here) is float rounding: each rank cuts its
+    half of a mini-batch into its own micro-batches and DDP sums the two halves' gradients,
+    so the sums run in another order; the loss normalisers are the global counts."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    assert main(smoke_args(one, *GREEDY, "--save-rollouts")) == 0
+    _launch(smoke_args(two, *GREEDY, "--save-rollouts", "--nproc", "2"))
+    for update in (1, 2):
+        a, b = _rows(one, update, 1), _rows(two, update, 2)
+        assert len(a) == len(b) > 0
+        same = ["slot", "turn", "action", "reward", "success", "state", "response", "pair_role"]
+        for column in same:
+            assert a[column].tolist() == b[column].tolist(), column
+        np.testing.assert_allclose(a["advantage"], b["advantage"], rtol=0, atol=1e-12)
+        np.testing.assert_array_equal(a["pair_weight"], b["pair_weight"])
+    wa, wb = _weights(one / "model"), _weights(two / "model")
+    assert max(float((wa[k] - wb[k]).abs().max()) for k in wa) < 1e-5
+    assert "config.toml" in os.listdir(two) and "nproc = 2" in (two / "config.toml").read_text()
+
+
+@pytest.mark.slow
+def test_two_processes_resume_as_uninterrupted(tmp_path, smoke_args):
+    whole, split = tmp_path / "whole", tmp_path / "split"
+    _launch(smoke_args(whole, *GREEDY, "--nproc", "2"))
+    _launch(smoke_args(split, *GREEDY, "--nproc", "2", "--train.updates", "1"))
+    _launch(smoke_args(split, *GREEDY, "--nproc", "2", "--resume"))
+    wa, wb = _weights(whole / "model"), _weights(split / "model")
+    assert max(float((wa[k] - wb[k]).abs().max()) for k in wa) < 1e-6
+    # the same world size only: a 1-process resume of a 2-process run is refused
+    assert main(smoke_args(split, *GREEDY, "--resume")) == 2
+
+
+@pytest.mark.slow
+def test_steps_that_one_rank_has_no_rows_of_match_one_process(tmp_path, smoke_args):
+    """mini_batch_size 4 puts each 12-row group in a step of its own: step 1 holds rank 0's
+    group only, step 2 rank 1's, so the other rank joins the all-reduce with a zero loss;
+    micro_batch_size 5 gives the ranks cuts the single process does not make. 3 held-out
+    tasks split 2 + 1 over the ranks and gathered."""
+    extra = (*GREEDY, "--train.mini_batch_size", "4", "--train.micro_batch_size", "5")
+    one, two = tmp_path / "one", tmp_path / "two"
+    assert main(smoke_args(one, *extra, "--eval.tasks", "3")) == 0
+    _launch(smoke_args(two, *extra, "--eval.tasks", "3", "--nproc", "2"))
+    wa, wb = _weights(one / "model"), _weights(two / "model")
+    assert max(float((wa[k] - wb[k]).abs().max()) for k in wa) < 1e-5
+    from mcgpo.training.metrics import read_metrics
+
+    ra, rb = read_metrics(one / "metrics.jsonl"), read_metrics(two / "metrics.jsonl")
+    evals = [[r for r in rs if "eval/episodes" in r] for rs in (ra, rb)]
+    for a, b in zip(*evals, strict=True):
+        assert {k: v for k, v in a.items() if k.startswith("eval/") and k != "eval/time"} == {
+            k: v for k, v in b.items() if k.startswith("eval/") and k != "eval/time"
+        }
+    steps = [[r["update/optimizer_steps"] for r in rs if "update/rows" in r] for rs in (ra, rb)]
+    assert steps[0] == steps[1] == [2.0, 2.0]
+
+
+def test_progress_gpo_fail_share_is_refused_across_processes(tmp_path, smoke_args, capsys):
+    args = smoke_args(tmp_path / "run", "--algo.name", "progress_gpo", "--nproc", "2")
+    assert main([*args, "--algo.scale_by_fail_share", "true"]) == 2
+    assert "scale_by_fail_share" in capsys.readouterr().err
+
+
+@given(
+    st.lists(st.integers(1, 7), min_size=1, max_size=12),
+    st.integers(1, 4),
+    st.integers(0, 20),
+)
+def test_rank_layouts_are_the_single_process_layout_cut_by_rank(sizes, world_size, size):
+    """Each rank's part of step k, shifted by the rows of earlier ranks, is exactly the
+    single process's step k restricted to that rank's rows (ranks hold contiguous blocks of
+    whole groups); the gather is replaced by the list every rank would receive."""
+    from mcgpo.training import update
+
+    groups = np.repeat(np.arange(len(sizes)), sizes)
+    single = update.plan_mini_batches(len(groups), size, groups)
+    blocks = [list(rank_block(len(sizes), World(r, world_size))) for r in range(world_size)]
+    counts = [[sizes[g] for g in block] for block in blocks]
+    row0 = 0
+    for r, block in enumerate(blocks):
+        local = np.repeat(np.arange(len(block)), counts[r])
+        original = update.gather_objects
+        update.gather_objects = lambda obj, world, c=counts: c
+        try:
+            mine = update.plan_rank_mini_batches(len(local), size, local, World(r, world_size))
+        finally:
+            update.gather_objects = original
+        assert len(mine) == len(single)
+        for k, step in enumerate(single):
+            expected = step[(step >= row0) & (step < row0 + len(local))] - row0
+            assert mine[k].tolist() == expected.tolist()
+        row0 += len(local)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_two_nodes_on_localhost_train_as_one_machine(tmp_path, smoke_args):
+    """Two torchrun invocations (--nnodes 2, one process each) meeting at a c10d rendezvous
+    on 127.0.0.1 train what ``--nproc 2`` on one machine trains."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2] / "src")}
+    two_nodes, one_node = tmp_path / "nodes", tmp_path / "node"
+    endpoint = f"127.0.0.1:{_free_port()}"
+    nodes = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nnodes",
+                "2",
+                "--nproc-per-node",
+                "1",
+                "--node-rank",
+                str(rank),
+                "--rdzv-backend",
+                "c10d",
+                "--rdzv-endpoint",
+                endpoint,
+                "--rdzv-id",
+                "test-two-nodes",
+                "-m",
+                "mcgpo",
+                *smoke_args(two_nodes, *GREEDY),
+            ],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
+    for node in nodes:
+        _, err = node.communicate(timeout=300)
+        assert node.returncode == 0, err[-2000:]
+    _launch(smoke_args(one_node, *GREEDY, "--nproc", "2"))
+    wa, wb = _weights(one_node / "model"), _weights(two_nodes / "model")
+    assert max(float((wa[k] - wb[k]).abs().max()) for k in wa) == 0.0

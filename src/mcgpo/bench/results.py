@@ -356,15 +356,20 @@ def write_atomic(path: Path, text: str) -> None:
         raise
 
 
-# MCGPO's per-update statistics shown in results.md (docs/algorithms/mcgpo.md §4)
+# MCGPO's per-update statistics shown in results.md (docs/algorithms/mcgpo.md §4): coverage,
+# drops by reason, and the pairs the update used or split (docs/training.md's metric list)
 PREFERENCE_COLUMNS = (
     "preferences_per_group",
     "share_groups_without_preferences",
     "exact",
     "coarse",
     "mean_weight",
+    "dropped_no_support",
+    "dropped_below_epsilon",
+    "dropped_allocation",
     "used",
-    "split",
+    "split_mini",
+    "split_micro",
 )
 
 _TYPE_NAMES = {

@@ -137,3 +137,18 @@ def test_task_type_bars(tmp_path):
     runs = [_run("a", 0, [0.5], {"pick_two_obj_and_place": 0.5, "look_at_obj_in_light": 1.0})]
     png = plot_task_type_bars(summarise(runs), tmp_path / "bars.png")
     assert png.stat().st_size > 1000
+
+
+def test_write_atomic_gives_the_usual_permissions(tmp_path):
+    # mkstemp's files are owner-only (0600); results.md and evals.jsonl are meant to be read
+    import os
+
+    from mcgpo.bench.results import write_atomic
+
+    umask = os.umask(0)
+    os.umask(umask)
+    target = tmp_path / "sub" / "results.md"
+    write_atomic(target, "x\n")
+    assert target.read_text() == "x\n"
+    assert target.stat().st_mode & 0o777 == 0o666 & ~umask
+    assert [p.name for p in target.parent.iterdir()] == ["results.md"]  # no temp file left

@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
+
+from mcgpo.training.checkpoint import atomic_write_text
 
 __all__ = [
     "BOOTSTRAP_RESAMPLES",
@@ -343,17 +343,11 @@ def write_points_jsonl(path: Path, runs: Iterable[RunResult]) -> None:
 
 
 def write_atomic(path: Path, text: str) -> None:
-    """Write text to ``path`` through a temporary file and an atomic rename."""
+    """Write text to ``path`` through a temporary file and an atomic rename (the checkpoint
+    module's writer: the file gets the usual permissions, not mkstemp's owner-only 0600)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write_text(path, text)
 
 
 # MCGPO's per-update statistics shown in results.md (docs/algorithms/mcgpo.md §4): coverage,

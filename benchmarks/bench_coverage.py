@@ -26,6 +26,7 @@ import os
 import platform
 import random
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -39,20 +40,41 @@ ENVS: dict[str, dict[str, Any]] = {
 }
 
 
+def noisy_action(env: Any, obs: Any, rng: random.Random, noise: float) -> str:
+    """A uniformly random admissible action with probability ``noise``, else the expert's."""
+    if obs.admissible_actions and rng.random() < noise:
+        return rng.choice(obs.admissible_actions)
+    return env.expert_action()
+
+
+def play_episode(
+    env: Any, task: int, rng: random.Random, noise: float, prefix: Sequence[str] = ()
+) -> list[tuple[Any, str, Any]]:
+    """(observation, action, step result) per turn of one episode on training task ``task``.
+
+    The first ``len(prefix)`` actions are ``prefix`` (a replay), the rest the noisy expert's
+    drawn from ``rng``; the episode ends when the environment says done.
+    """
+    obs = env.reset(seed=task, split="train")
+    steps: list[tuple[Any, str, Any]] = []
+    for turn in range(env.max_turns):
+        action = prefix[turn] if turn < len(prefix) else noisy_action(env, obs, rng, noise)
+        res = env.step(action)
+        steps.append((obs, action, res))
+        obs = res.observation
+        if res.done:
+            break
+    return steps
+
+
 def play_group(env: Any, task: int, group: int, size: int, noise: float) -> list[dict[str, Any]]:
     """The StepTable rows of ``size`` noisy-expert siblings on one training task."""
     rows: list[dict[str, Any]] = []
     for slot in range(size):
         rng = random.Random(f"coverage/{task}/{slot}/{noise}")
-        obs = env.reset(seed=task, split="train")
+        steps = play_episode(env, task, rng, noise)
         trajectory: list[dict[str, Any]] = []
-        info: dict[str, Any] = {}
-        for turn in range(env.max_turns):
-            if obs.admissible_actions and rng.random() < noise:
-                action = rng.choice(obs.admissible_actions)
-            else:
-                action = env.expert_action()
-            res = env.step(action)
+        for turn, (obs, action, res) in enumerate(steps):
             ctx, nxt = obs.context, res.observation.context
             trajectory.append(
                 {
@@ -72,9 +94,7 @@ def play_group(env: Any, task: int, group: int, size: int, noise: float) -> list
                     "enabled": ctx.enabled,
                 }
             )
-            info, obs = res.info, res.observation
-            if res.done:
-                break
+        info = steps[-1][2].info if steps else {}
         outcome = {"success": float(bool(info.get("won"))), "score": float(info.get("score", 0))}
         rows += [{**row, **outcome} for row in trajectory]
     return rows

@@ -67,36 +67,44 @@ def play_episode(
     return steps
 
 
+def episode_rows(
+    steps: Sequence[tuple[Any, str, Any]], group: int, traj: int, slot: int
+) -> list[dict[str, Any]]:
+    """The StepTable rows of one played episode (``play_episode``), outcome on every row."""
+    info = steps[-1][2].info if steps else {}
+    outcome = {"success": float(bool(info.get("won"))), "score": float(info.get("score", 0))}
+    rows: list[dict[str, Any]] = []
+    for turn, (obs, action, res) in enumerate(steps):
+        ctx, nxt = obs.context, res.observation.context
+        rows.append(
+            {
+                "group": group,
+                "traj": traj,
+                "slot": slot,
+                "turn": turn,
+                "reward": float(res.reward),
+                "done": bool(res.done),
+                "action": action,
+                "action_valid": True,
+                "anchor": ctx.anchor,
+                "next_anchor": nxt.anchor,
+                "state": ctx.state,
+                "state_coarse": ctx.state_coarse,
+                "progress": ctx.progress,
+                "enabled": ctx.enabled,
+                **outcome,
+            }
+        )
+    return rows
+
+
 def play_group(env: Any, task: int, group: int, size: int, noise: float) -> list[dict[str, Any]]:
     """The StepTable rows of ``size`` noisy-expert siblings on one training task."""
     rows: list[dict[str, Any]] = []
     for slot in range(size):
         rng = random.Random(f"coverage/{task}/{slot}/{noise}")
         steps = play_episode(env, task, rng, noise)
-        trajectory: list[dict[str, Any]] = []
-        for turn, (obs, action, res) in enumerate(steps):
-            ctx, nxt = obs.context, res.observation.context
-            trajectory.append(
-                {
-                    "group": group,
-                    "traj": group * size + slot,
-                    "slot": slot,
-                    "turn": turn,
-                    "reward": float(res.reward),
-                    "done": bool(res.done),
-                    "action": action,
-                    "action_valid": True,
-                    "anchor": ctx.anchor,
-                    "next_anchor": nxt.anchor,
-                    "state": ctx.state,
-                    "state_coarse": ctx.state_coarse,
-                    "progress": ctx.progress,
-                    "enabled": ctx.enabled,
-                }
-            )
-        info = steps[-1][2].info if steps else {}
-        outcome = {"success": float(bool(info.get("won"))), "score": float(info.get("score", 0))}
-        rows += [{**row, **outcome} for row in trajectory]
+        rows += episode_rows(steps, group, group * size + slot, slot)
     return rows
 
 

@@ -2,7 +2,8 @@
 
 The server has verl's server-manager interface (``await generate(request_id=...,
 prompt_ids=..., sampling_params=...) -> TokenOutput``) and samples from mcgpo's tiny model
-with mcgpo's own sampler. Every test here needs the verl extra and skips without it.
+with mcgpo's own sampler. Every test here needs the verl extra and skips without it (``importorskip`` in each test
+module; this file imports nothing from verl at module level, so collection works without it).
 """
 
 from __future__ import annotations
@@ -11,15 +12,11 @@ import asyncio
 from typing import Any
 
 import pytest
+import torch
 
-verl = pytest.importorskip("verl")
-
-import torch  # noqa: E402
-from omegaconf import OmegaConf  # noqa: E402
-
-from mcgpo.policy import tiny_model, train_tokenizer  # noqa: E402
-from mcgpo.rollout import environment_corpus  # noqa: E402
-from mcgpo.rollout.sampler import sample  # noqa: E402
+from mcgpo.policy import tiny_model, train_tokenizer
+from mcgpo.rollout import environment_corpus
+from mcgpo.rollout.sampler import sample
 
 GROUPS, N, MAX_TURNS = 2, 4, 3
 
@@ -47,6 +44,8 @@ class TinyServer:
 
 def verl_config(algo: str = "mcgpo", **algo_options: Any) -> Any:
     """The parts of a verl config the plugin reads, plus its ``mcgpo`` block."""
+    from omegaconf import OmegaConf
+
     return OmegaConf.create(
         {
             "actor_rollout_ref": {"rollout": {"n": N, "prompt_length": 512, "response_length": 8}},

@@ -7,14 +7,16 @@ import sys
 
 import numpy as np
 import pytest
-import torch
-from conftest import MAX_TURNS, N, verl_config
 
-import mcgpo
-from mcgpo.objectives import pair_loss, response_log_ratio, task_loss
+verl = pytest.importorskip("verl")
+
+import torch  # noqa: E402
+from conftest import MAX_TURNS, N, verl_config  # noqa: E402
+
+import mcgpo  # noqa: E402
+from mcgpo.objectives import pair_loss, response_log_ratio, task_loss  # noqa: E402
 
 pytestmark = pytest.mark.verl
-verl = pytest.importorskip("verl")
 
 
 def test_import_verl_registers_agent_loop_trainer_and_loss():

@@ -55,8 +55,8 @@ def _pair_term(model_output: Any, data: Any) -> tuple[torch.Tensor, dict[str, fl
     d = response_log_ratio(log_prob, padded["old_log_probs"], mask)
     rows, plus, minus, weight = micro_batch_pairs(data)
     loss, stats = pair_loss(d, plus, minus, weight, rows)
-    global_rows = data["global_batch_size"] if "global_batch_size" in data else None
-    dp_size = data["dp_size"] if "dp_size" in data else 1
+    global_rows = data["global_batch_size"] if "global_batch_size" in data else None  # noqa: SIM401
+    dp_size = data["dp_size"] if "dp_size" in data else 1  # noqa: SIM401 (unwraps NonTensorData)
     if global_rows:
         loss = loss * (len(rows) * dp_size / float(global_rows))
     return loss, stats

@@ -2,13 +2,16 @@
 # Create .venv (once) and install mcgpo with its test tools. torch is pinned to the CPU
 # build 2.13.0 *before* anything else, so that no package pulls a multi-GB CUDA build.
 # Extras: MCGPO_EXTRAS="alfworld,twx" bash scripts/setup.sh
+# Another venv: MCGPO_VENV=.venv-verl MCGPO_EXTRAS=verl bash scripts/setup.sh (the verl extra
+# pins transformers < 5.11 and adds pytest plugins, so it lives in its own venv).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-if [ ! -x .venv/bin/python ]; then
-  "$PY" -m venv .venv
+VENV=${MCGPO_VENV:-.venv}
+if [ ! -x "$VENV/bin/python" ]; then
+  "$PY" -m venv "$VENV"
 fi
-. .venv/bin/activate
+. "$VENV/bin/activate"
 python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
 python -m pip install -q "torch==2.13.0" 2>&1 | grep -v "^WARNING: Location" || true
 extras="dev${MCGPO_EXTRAS:+,$MCGPO_EXTRAS}"

@@ -2,7 +2,8 @@
 # The test command: set up .venv (with the alfworld, textworld-express and webshop extras, whose
 # tests run too; MCGPO_EXTRAS="" skips them), lint, check the import layers (the
 # import-linter contracts in pyproject.toml: layers run one way, no cycles), run the whole
-# test suite.
+# test suite; then the verl plugin tests in their own venv (.venv-verl, the verl extra;
+# MCGPO_VERL=0 skips them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MCGPO_EXTRAS=${MCGPO_EXTRAS-alfworld,twx,webshop} bash scripts/setup.sh
@@ -11,3 +12,7 @@ ruff check src tests benchmarks
 ruff format --check src tests benchmarks
 lint-imports --no-cache --no-logo
 python -m pytest -q -n 2 "$@"
+if [ "${MCGPO_VERL-1}" != "0" ]; then
+  MCGPO_VENV=.venv-verl MCGPO_EXTRAS=verl bash scripts/setup.sh
+  .venv-verl/bin/python -m pytest -q -p no:randomly -n 0 -m verl tests/integrations
+fi

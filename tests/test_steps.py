@@ -6,6 +6,9 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given as hyp_given
+from hypothesis import settings
+from hypothesis import strategies as st
 
 from mcgpo.steps import FIELDS, StepTable, StepTableError
 
@@ -75,7 +78,7 @@ def test_missing_field(name):
     ("field", "value", "message"),
     [
         ("group", 1.5, r"^row 1: field 'group' must be an integer, got 1.5$"),
-        ("traj", "7", r"^row 1: field 'traj' must be an integer, got '7'$"),
+        ("traj", "7", r"^row 1: field 'traj' must be an integer like row 0, got '7'$"),
         ("turn", True, r"^row 1: field 'turn' must be an integer, got True$"),
         ("reward", "10", r"^row 1: field 'reward' must be a number, got '10'$"),
         ("reward", None, r"^row 1: field 'reward' must be a number, got None$"),
@@ -278,3 +281,105 @@ def test_to_arrow():
         "room 1",
         "room 0",
     ]
+
+
+# ---------------------------------------------------------------------- string ids (verl uids)
+def test_string_ids_map_to_dense_ints_in_first_seen_order():
+    # rows: trajectory "t-b" (turns 0, 1) then "t-a" (turn 0), both in group "uid-z":
+    # first seen: group "uid-z" -> 0; traj "t-b" -> 0, "t-a" -> 1
+    rows = [rec(1, 0), rec(1, 1), rec(2, 0)]
+    for row, traj in zip(rows, ["t-b", "t-b", "t-a"]):
+        row.update(group="uid-z", traj=traj)
+    table = StepTable.from_records(rows)
+    assert table.group.tolist() == [0, 0, 0] and table.group.dtype == np.int64
+    assert table.traj.tolist() == [0, 0, 1]
+    assert table.group_label.tolist() == ["uid-z"] * 3
+    assert table.traj_label.tolist() == ["t-b", "t-b", "t-a"]
+    # next_anchor follows the mapped trajectories; records round-trip with their labels
+    assert table.next_anchor.tolist() == ["room 1", "", ""]
+    again = StepTable.from_records(table.to_records())
+    assert again.to_records() == table.to_records()
+
+
+def test_integer_ids_leave_labels_empty():
+    table = StepTable.from_records(two_trajectories())
+    assert table.group_label.tolist() == ["", "", ""] == table.traj_label.tolist()
+
+
+def test_string_ids_bad_input():
+    fails(
+        [{**rec(1, 0), "group": "g"}, rec(2, 0)],
+        r"^row 1: field 'group' must be a string like row 0, got 0$",
+    )
+    fails(
+        [{**rec(1, 0), "traj": "a", "traj_label": "x"}],
+        r"^field 'traj' holds strings, so 'traj_label' cannot be given$",
+    )
+    # one trajectory label spread over two groups is still caught on the mapped ids
+    rows = [{**rec(1, 0), "traj": "a"}, {**rec(1, 1), "traj": "a", "group": 5}]
+    fails(rows, r"^row 1: field 'group': trajectory 0 spread over two groups$")
+
+
+def test_with_columns_accepts_string_ids():
+    table = StepTable.from_records(two_trajectories())
+    relabelled = table.with_columns(traj=["x", "x", "y"], group=["g", "g", "g"])
+    assert relabelled.traj.tolist() == [0, 0, 1] and relabelled.traj_label.tolist()[2] == "y"
+
+
+def _implemented(name: str, table: StepTable) -> bool:
+    import mcgpo
+
+    try:
+        mcgpo.estimate(name, table)
+    except NotImplementedError:
+        return False
+    return True
+
+
+@st.composite
+def _records(draw: st.DrawFn) -> list[dict[str, Any]]:
+    """2 groups x 2-4 trajectories x 1-4 turns; ids drawn out of order, rows shuffled."""
+    groups = draw(st.lists(st.integers(0, 99), min_size=2, max_size=2, unique=True))
+    trajs = iter(draw(st.lists(st.integers(0, 999), min_size=8, max_size=8, unique=True)))
+    rows: list[dict[str, Any]] = []
+    for group in groups:
+        for slot in range(draw(st.integers(2, 4))):
+            traj, length = next(trajs), draw(st.integers(1, 4))
+            won = draw(st.booleans())
+            states = draw(st.lists(st.sampled_from("abc"), min_size=length, max_size=length))
+            for t in range(length):
+                last = t == length - 1
+                rows.append(
+                    rec(
+                        traj, t, group=group, slot=slot, done=last, reward=10.0 * (won and last),
+                        success=float(won), score=float(won), anchor=f"room {states[t]}",
+                        state=f"room {states[t]}", action=f"act {(slot + t) % 2}",
+                    )
+                )  # fmt: skip
+    order = draw(st.permutations(range(len(rows))))
+    return [rows[i] for i in order]
+
+
+@settings(max_examples=25, deadline=None)
+@hyp_given(_records(), st.integers(0, 2**31 - 1))
+def test_string_ids_change_no_estimator(rows, salt):
+    """Relabelling int ids with uuid-like strings (whose order is unrelated to the ints')
+    gives every estimator the same per-row values, and the same preference pairs."""
+    import mcgpo
+
+    ints = StepTable.from_records(rows)
+    relabel = [
+        {**r, "group": f"{hash((salt, 'g', r['group'])):x}", "traj": f"{hash((salt, r['traj'])):x}"}
+        for r in rows
+    ]
+    strs = StepTable.from_records(relabel)
+    for name in sorted(mcgpo.ESTIMATORS):
+        if not _implemented(name, ints):
+            continue
+        a, _ = mcgpo.estimate(name, ints)
+        b, _ = mcgpo.estimate(name, strs)
+        np.testing.assert_array_equal(a, b, err_msg=name)
+    pa = mcgpo.build_preferences(ints, group_size=4, epsilon=0.0)
+    pb = mcgpo.build_preferences(strs, group_size=4, epsilon=0.0)
+    key = lambda p: sorted(zip(p.plus.tolist(), p.minus.tolist(), p.weight.tolist()))  # noqa: E731
+    assert key(pa) == key(pb)

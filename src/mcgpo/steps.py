@@ -11,6 +11,14 @@ Identifiers
     ``slot``   position 0..N-1 of the trajectory inside its group, fixed when sampled, int
     ``turn``   0-based turn index inside the trajectory, contiguous, int
 
+``group`` and ``traj`` may also be given as strings (outside callers such as verl label
+prompts and samples with uuid strings): a column of strings is mapped to dense integers
+0, 1, 2, ... in order of first appearance (:func:`dense_ids`, the one place this happens),
+and the strings are kept in ``group_label`` / ``traj_label`` for output. Estimators and the
+preference builder only read the integers, and their results never depend on which
+integers label the groups, so string and integer ids give the same results. Integer ids
+leave the label columns empty.
+
 Rows may come in any order: every consumer sorts what it needs itself, so results never
 depend on row order.
 """
@@ -24,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["FIELDS", "StepTable", "StepTableError"]
+__all__ = ["FIELDS", "StepTable", "StepTableError", "dense_ids"]
 
 
 class StepTableError(ValueError):
@@ -56,7 +64,11 @@ FIELDS: dict[str, tuple[str, Any]] = {
     "errored": ("bool", False),
     # Task family (e.g. ALFWorld task type), for per-type statistics. Empty when unknown.
     "task_type": ("str", ""),
+    # The caller's own string ids when group / traj were given as strings, else "".
+    "group_label": ("str", ""),
+    "traj_label": ("str", ""),
 }
+_LABELS = {"group": "group_label", "traj": "traj_label"}
 
 _DTYPES = {"int": np.int64, "float": np.float64, "bool": np.bool_, "str": object}
 
@@ -85,6 +97,8 @@ class StepTable:
     next_progress_value: np.ndarray  # [R] float64  rubric progress after the action
     errored: np.ndarray  # [R] bool  trajectory hit an environment error
     task_type: np.ndarray  # [R] object(str)  task family
+    group_label: np.ndarray  # [R] object(str)  caller's string group id ("" for int ids)
+    traj_label: np.ndarray  # [R] object(str)  caller's string trajectory id ("" for int ids)
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -131,6 +145,7 @@ class StepTable:
         if len(set(lengths.values())) > 1:
             raise StepTableError(f"columns have different lengths: {lengths}")
         n = next(iter(lengths.values())) if lengths else 0
+        columns = _with_dense_ids(columns)
         arrays: dict[str, np.ndarray] = {}
         for name, (kind, default) in FIELDS.items():
             if name in columns:
@@ -186,7 +201,8 @@ class StepTable:
                 f"row {i}: field 'turn' = {self.turn[i]} breaks the contiguous turns "
                 f"0,1,2,... of trajectory {self.traj[i]}"
             )
-        for name in ("group", "slot", "success", "score", "errored", "task_type"):
+        constant = ("group", "slot", "success", "score", "errored", "task_type", "group_label")
+        for name in (*constant, "traj_label"):
             col = getattr(self, name)[order]
             changed = np.flatnonzero(~first & (col != np.roll(col, 1)))
             if len(changed):
@@ -233,7 +249,7 @@ class StepTable:
     def with_columns(self, **new: Any) -> StepTable:
         """A copy with some columns replaced (coerced and validated)."""
         arrays = {}
-        for name, col in new.items():
+        for name, col in _with_dense_ids(new).items():
             if name not in FIELDS:
                 raise StepTableError(f"unknown field {name!r}")
             arrays[name] = _coerce(name, FIELDS[name][0], col)
@@ -252,6 +268,44 @@ class StepTable:
         return pa.table(
             {k: pa.array(v.tolist() if v.dtype == object else v) for k, v in self.columns().items()}
         )
+
+
+def dense_ids(name: str, values: Iterable[Any]) -> tuple[np.ndarray, np.ndarray] | None:
+    """``(ids, labels)`` for a column of string ids, None for any other column.
+
+    ``ids`` ``[R]`` int64 numbers the distinct strings 0, 1, 2, ... in order of first
+    appearance; ``labels`` ``[R]`` object holds the strings. A column mixing strings with
+    other values is a :class:`StepTableError` naming the first row that breaks the kind of
+    row 0.
+    """
+    raw = values.tolist() if isinstance(values, np.ndarray) else list(values)
+    is_str = [isinstance(v, str) for v in raw]
+    if not raw or not any(is_str):
+        return None
+    if not all(is_str):
+        i = is_str.index(not is_str[0])
+        want = "a string like row 0" if is_str[0] else "an integer like row 0"
+        raise StepTableError(f"row {i}: field {name!r} must be {want}, got {raw[i]!r}")
+    first: dict[str, int] = {}
+    ids = np.fromiter((first.setdefault(v, len(first)) for v in raw), np.int64, len(raw))
+    labels = np.empty(len(raw), dtype=object)
+    labels[:] = raw
+    return ids, labels
+
+
+def _with_dense_ids(columns: Mapping[str, Any]) -> dict[str, Any]:
+    """``columns`` with string ``group`` / ``traj`` mapped by :func:`dense_ids`."""
+    out = dict(columns)
+    for name, label in _LABELS.items():
+        if name not in columns:
+            continue
+        mapped = dense_ids(name, columns[name])
+        if mapped is None:
+            continue
+        if label in columns and any(v != "" for v in columns[label]):
+            raise StepTableError(f"field {name!r} holds strings, so {label!r} cannot be given")
+        out[name], out[label] = mapped
+    return out
 
 
 def _coerce(name: str, kind: str, values: Iterable[Any]) -> np.ndarray:

@@ -1,0 +1,147 @@
+"""verl batch <-> mcgpo: the StepTable of a batch of step outputs, and what goes back.
+
+One verl row is one agent turn (the ``mcgpo_env`` agent loop returns one output per
+environment step), and its ``extra_fields`` hold that turn's StepTable fields
+(:data:`STEP_FIELDS`): ``group`` is verl's prompt ``uid`` and ``traj`` is
+``"{uid}_{session_id}"`` (uuid strings, which :class:`~mcgpo.steps.StepTable` maps to dense
+integers). Rows are numbered by their position in the batch as fetched.
+
+What goes back per row (tensors of shape ``[B]`` unless nested):
+
+``advantages``        nested like ``response_mask``: the row's advantage on each response token
+                      (0 for rows of errored trajectories)
+``returns``           the same values (verl's critic-free estimators do the same)
+``response_mask`` / ``loss_mask``  zeroed for rows of errored trajectories (not learned from)
+``mcgpo_row``         int64, the row's position in the batch (its id in the pair fields)
+``mcgpo_partner``     int64, the batch position of the row it is paired with, -1 if none
+``mcgpo_sign``        int64, +1 the row is the preferred decision, -1 dispreferred, 0 unpaired
+``mcgpo_weight``      float32, the pair's weight c (0 if unpaired)
+
+A row belongs to one pair at most (:func:`mcgpo.build_preferences` guarantees it), so the
+pairs travel with the rows through every reorder and split verl makes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+
+from mcgpo.steps import FIELDS, StepTable
+from mcgpo.training.algorithms import Credit, assign_credit
+from mcgpo.training.config import AlgoConfig
+
+__all__ = [
+    "STEP_FIELDS",
+    "BatchCredit",
+    "batch_credit",
+    "partner_order",
+    "step_table",
+]
+
+STEP_FIELDS = tuple(name for name in FIELDS if name not in ("group_label", "traj_label"))
+
+
+def _extra_fields(batch: Any) -> list[Mapping[str, Any]]:
+    """The per-row ``extra_fields`` dicts of a TensorDict, DataProto or list of dicts."""
+    if isinstance(batch, Sequence) and not isinstance(batch, (str, bytes)):
+        return list(batch)
+    non_tensor = getattr(batch, "non_tensor_batch", None)
+    if non_tensor is not None:  # DataProto
+        return list(non_tensor["extra_fields"])
+    return list(batch["extra_fields"])  # TensorDict: a NonTensorStack of dicts
+
+
+def step_table(batch: Any) -> StepTable:
+    """The StepTable of a batch of ``mcgpo_env`` step outputs, row i = batch row i.
+
+    ``batch``: a TensorDict fetched from TransferQueue, a DataProto, or the list of
+    ``extra_fields`` dicts. Keys of ``extra_fields`` that are not StepTable fields (verl's
+    own, such as ``reward_extra_info``) are ignored.
+    """
+    rows = _extra_fields(batch)
+    return StepTable.from_records([{k: r[k] for k in STEP_FIELDS if k in r} for r in rows])
+
+
+class BatchCredit(NamedTuple):
+    """Per-row results of :func:`batch_credit`, in batch order."""
+
+    table: StepTable  # all rows, errored ones included
+    advantages: np.ndarray  # [B] float32, 0 on errored rows
+    partner: np.ndarray  # [B] int64, -1 if unpaired
+    sign: np.ndarray  # [B] int64, +1 / -1 / 0
+    weight: np.ndarray  # [B] float32
+    credit: Credit  # what mcgpo computed on the learnable rows (rows in its numbering)
+
+
+def batch_credit(batch: Any, algo: AlgoConfig) -> BatchCredit:
+    """Advantages (and MCGPO pairs) of every batch row: mcgpo's ``assign_credit`` on the
+    learnable rows, mapped back to batch positions. ``algo`` is resolved
+    (:func:`mcgpo.integrations.verl.config.plugin_config`)."""
+    table = step_table(batch)
+    keep = np.flatnonzero(~table.errored)
+    credit = assign_credit(table.select(keep), algo)
+    n = len(table)
+    adv = np.zeros(n, dtype=np.float32)
+    adv[keep] = credit.advantages
+    partner = np.full(n, -1, dtype=np.int64)
+    sign = np.zeros(n, dtype=np.int64)
+    weight = np.zeros(n, dtype=np.float32)
+    plus, minus = keep[credit.plus], keep[credit.minus]
+    partner[plus], partner[minus] = minus, plus
+    sign[plus], sign[minus] = 1, -1
+    weight[plus] = weight[minus] = credit.weight
+    return BatchCredit(table, adv, partner, sign, weight, credit)
+
+
+def credit_fields(result: BatchCredit, response_mask: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The fields written back to the batch (module docstring); ``response_mask`` nested."""
+    from verl.workers.utils.padding import response_to_nested
+
+    padded_mask = response_mask.to_padded_tensor(0) if response_mask.is_nested else response_mask
+    learn = torch.as_tensor(~result.table.errored)[:, None]
+    mask = padded_mask * learn.to(padded_mask.dtype)
+    adv = torch.as_tensor(result.advantages)[:, None] * mask.float()
+    nested_adv = response_to_nested(adv, response_mask)
+    nested_mask = response_to_nested(mask, response_mask)
+    return {
+        "advantages": nested_adv,
+        "returns": response_to_nested(adv.clone(), response_mask),
+        "response_mask": nested_mask,
+        "loss_mask": response_to_nested(mask.clone(), response_mask),
+        "mcgpo_row": torch.arange(len(result.table), dtype=torch.int64),
+        "mcgpo_partner": torch.as_tensor(result.partner),
+        "mcgpo_sign": torch.as_tensor(result.sign),
+        "mcgpo_weight": torch.as_tensor(result.weight),
+    }
+
+
+def partner_order(partner: np.ndarray, parts: int) -> tuple[list[int], int]:
+    """A row order that keeps partners side by side inside each of ``parts`` equal chunks.
+
+    verl hands chunk d of the batch (rows ``[d*S, (d+1)*S)``) to data-parallel rank d and
+    splits it into micro-batches without shuffling when ``actor.shuffle=False``. This order
+    keeps each chunk's rows but puts each pair whose two rows are in the chunk on positions
+    2k, 2k+1 (pairs first, then the other rows, each in batch order), so any even
+    micro-batch size, or ``force_group_size=2``, keeps them together. Returns
+    ``(order, pairs split across chunks)``; ``len(partner)`` must divide by ``parts``.
+    """
+    n = len(partner)
+    if parts < 1 or n % parts:
+        raise ValueError(f"partner_order: {n} rows do not split into {parts} equal chunks")
+    size = n // parts
+    chunk = np.arange(n) // size
+    paired = partner >= 0
+    same = np.zeros(n, dtype=bool)
+    same[paired] = chunk[partner[paired]] == chunk[paired]
+    split = int(np.sum(paired & ~same)) // 2
+    order: list[int] = []
+    for d in range(parts):
+        rows = range(d * size, (d + 1) * size)
+        firsts = [r for r in rows if same[r] and r < partner[r]]
+        for r in firsts:
+            order += [r, int(partner[r])]
+        order += [r for r in rows if not same[r]]
+    return order, split

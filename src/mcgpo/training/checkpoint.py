@@ -4,6 +4,7 @@ Layout inside a run folder::
 
     checkpoints/update-000004/model/       save_pretrained (weights + tokenizer)
     checkpoints/update-000004/trainer.pt   optimiser state, RNG states, counters
+                                           (FSDP2: the full state gathered to rank 0)
     checkpoints/latest                     the name of the newest complete checkpoint
 
 A checkpoint is built in a temporary folder next to its final place and renamed into place
@@ -99,8 +100,12 @@ def save_checkpoint(
     update: int,
     task_cursor: int,
     keep: int = 2,
+    optimizer_state: dict[str, Any] | None = None,
 ) -> Path:
-    """Write checkpoint ``update`` atomically; returns its folder."""
+    """Write checkpoint ``update`` atomically; returns its folder.
+
+    ``optimizer_state``: what to save instead of ``optimizer.state_dict()`` (FSDP2: the
+    full state gathered from the ranks' shards, keyed by parameter name)."""
     root = Path(run_folder) / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
     name = f"update-{update:06d}"
@@ -114,7 +119,7 @@ def save_checkpoint(
     payload = {
         "update": update,
         "task_cursor": task_cursor,
-        "optimizer": optimizer.state_dict(),
+        "optimizer": optimizer.state_dict() if optimizer_state is None else optimizer_state,
         "rng": rng_state(),
     }
     torch.save(payload, tmp / "trainer.pt")

@@ -36,6 +36,7 @@ from mcgpo.shaping import SHAPING_COEF
 
 __all__ = [
     "LAMBDA_PAIR",
+    "SHARDINGS",
     "AlgoConfig",
     "ConfigError",
     "EnvConfig",
@@ -53,6 +54,10 @@ __all__ = [
 # The weight of the MCGPO pair loss: the paper's value is unknown; set by a one-seed sweep,
 # docs/algorithms/mcgpo.md §3a (was 0.1), to be re-tested by the rule there. Defined here only: the loss takes it as an argument.
 LAMBDA_PAIR = 1.0
+
+
+# How the update is spread over W > 1 processes (mcgpo.training.distributed, scale-out.md).
+SHARDINGS = ("ddp", "fsdp2")
 
 
 class ConfigError(ValueError):
@@ -145,6 +150,11 @@ class TrainConfig:
     logits_chunk: int = _opt(0, "positions per chunk of the LM head (large vocabularies); 0 = all")
     gradient_checkpointing: bool = _opt(False, "recompute activations in backward (large models)")
     save_every: int = _opt(5, "checkpoint every k updates (and at the end); 0 = only at the end")
+    sharding: str = _opt(
+        "ddp",
+        "update across processes: ddp (replicated) or fsdp2 (gradients and optimiser state "
+        "sharded, fully_shard); no effect in one process; see scale-out.md",
+    )
 
     def check(self) -> None:
         _at_least("train.updates", self.updates, 0)
@@ -162,6 +172,7 @@ class TrainConfig:
         _at_least("train.micro_batch_size", self.micro_batch_size, 1)
         _at_least("train.logits_chunk", self.logits_chunk, 0)
         _at_least("train.save_every", self.save_every, 0)
+        _choice("train.sharding", self.sharding, SHARDINGS)
 
 
 @dataclass(frozen=True)

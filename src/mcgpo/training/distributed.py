@@ -6,13 +6,24 @@ A run on W processes (``torchrun --nproc-per-node W -m mcgpo train ...`` or
 numbers the single-process run would give them, so the ranks' StepTables, laid end to end
 with :func:`union_tables`, are the single-process StepTable. Every estimator is group-local,
 so each rank computes advantages and pairs on its own groups (docs/scale-out.md lists each).
-The update is DDP (:mod:`mcgpo.training.update`); rank 0 writes every file.
+The update is DDP by default, or FSDP2 with ``train.sharding = "fsdp2"``
+(:func:`distributed_learner`; the maths is :mod:`mcgpo.training.update`); rank 0 writes
+every file.
+
+FSDP2: the learner is a copy of the policy with ``fully_shard`` on every transformer block
+and on the root, so its gradients and AdamW state are sharded over the ranks. Generation
+does not use it: a sharded forward is a collective, and the ranks' rollouts run different
+numbers of sampler forwards. The policy itself (``Run.model``) stays a full local replica
+that the sampler, evaluation and checkpoint writing use; after every optimiser step the
+learner's new parameters are all-gathered into it (:func:`follow_learner`), so it always
+holds the learner's weights.
 
 W = 1 is the single-process reference: no process group, no collective, nothing changes.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import os
 from dataclasses import dataclass
@@ -29,13 +40,20 @@ __all__ = [
     "all_sum",
     "barrier",
     "check_world",
+    "copy_full_weights",
     "current_world",
+    "distributed_learner",
+    "follow_learner",
+    "full_optimizer_state",
     "gather_objects",
     "init_world",
     "launch_local",
     "launched_world_size",
+    "load_optimizer_state",
     "merge_metrics",
     "rank_block",
+    "shard_policy",
+    "sharded",
     "union_tables",
 ]
 
@@ -87,6 +105,11 @@ def check_world(cfg: RunConfig, size: int) -> None:
         raise ConfigError(f"backend must be auto, gloo or nccl; got {cfg.backend!r}")
     if cfg.backend == "nccl" and not cfg.device.startswith("cuda"):
         raise ConfigError("backend nccl needs device cuda; use gloo on CPU")
+    if size > 1 and cfg.train.sharding == "fsdp2" and cfg.train.logits_chunk:
+        raise ConfigError(
+            "train.logits_chunk calls the model's body and head apart, outside FSDP2's "
+            "all-gather of the root's parameters; use logits_chunk 0 with sharding fsdp2"
+        )
     if size > 1 and _scales_by_fail_share(cfg):
         raise ConfigError(
             "progress_gpo with scale_by_fail_share needs the share of all-fail groups of the "
@@ -244,3 +267,100 @@ def merge_metrics(records: list[dict[str, float]]) -> dict[str, float]:
         else:
             out[key] = float(np.mean(values))
     return out
+
+
+# ---- the learner of W > 1 processes: DDP, or FSDP2 with a full replica for generation ----
+
+
+def distributed_learner(model: Any, sharding: str, world: World) -> Any:
+    """What the update runs on W > 1 ranks: ``model`` wrapped in DDP, or (``"fsdp2"``) a
+    sharded copy of it (:func:`shard_policy`); ``model`` itself when W = 1."""
+    if world.size == 1:
+        return model
+    if sharding == "fsdp2":
+        return shard_policy(model)
+    if sharding != "ddp":
+        raise ConfigError(f"train.sharding must be ddp or fsdp2, got {sharding!r}")
+    from torch.nn.parallel import DistributedDataParallel
+
+    device = next(model.parameters()).device
+    device_ids = [device.index] if device.type == "cuda" else None
+    # buffers (rotary tables) are equal everywhere; broadcasting them at every forward
+    # would be a collective per micro-batch, and ranks run different numbers of those
+    return DistributedDataParallel(model, device_ids=device_ids, broadcast_buffers=False)
+
+
+def shard_policy(model: Any) -> Any:
+    """A copy of ``model`` with ``fully_shard`` on each transformer block and on the root.
+
+    The blocks are the modules whose class is in the model's ``_no_split_modules`` (Hugging
+    Face names its decoder layer there, e.g. ``Qwen2DecoderLayer``); the root unit holds the
+    rest (embeddings, final norm, a tied or untied head). The mesh is every rank, on the
+    model's device type. Each rank keeps ``1/W`` of every parameter (dim 0, padded).
+    """
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    learner = copy.deepcopy(model)
+    device = next(learner.parameters()).device
+    mesh = init_device_mesh(device.type, (torch.distributed.get_world_size(),))
+    blocks = set(getattr(learner, "_no_split_modules", None) or ())
+    for module in list(learner.modules())[1:]:
+        if type(module).__name__ in blocks:
+            fully_shard(module, mesh=mesh)
+    fully_shard(learner, mesh=mesh)
+    return learner
+
+
+def sharded(model: Any) -> bool:
+    """Whether ``model`` is an FSDP2 module (its forwards and backwards are collectives)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
+
+
+def copy_full_weights(learner: Any, replica: Any) -> None:
+    """Every rank: all-gather each sharded parameter of ``learner`` into ``replica`` (one
+    collective per parameter, so only one full parameter is in flight at a time)."""
+    from torch.distributed.tensor import DTensor
+
+    mine = dict(replica.named_parameters())
+    with torch.no_grad():
+        for name, param in learner.named_parameters():
+            full = param.full_tensor() if isinstance(param, DTensor) else param
+            mine[name].copy_(full)
+
+
+def follow_learner(replica: Any, learner: Any, optimizer: torch.optim.Optimizer) -> None:
+    """Keep ``replica`` equal to a sharded ``learner``: after every optimiser step (which
+    every rank takes together: the skip test is on the global gradient norm) copy the new
+    weights into it. No-op for DDP (the replica is the module DDP wraps)."""
+    if not sharded(learner):
+        return
+    optimizer.register_step_post_hook(lambda *_: copy_full_weights(learner, replica))
+
+
+def full_optimizer_state(learner: Any, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """The optimiser state to checkpoint. FSDP2: gathered from every rank's shards (a
+    collective: every rank calls it; rank 0 gets the full state, keyed by parameter name,
+    on the CPU; the others an empty dict). Otherwise ``optimizer.state_dict()``."""
+    if not sharded(learner):
+        return optimizer.state_dict()
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    return get_optimizer_state_dict(learner, optimizer, options=options)
+
+
+def load_optimizer_state(
+    learner: Any, optimizer: torch.optim.Optimizer, state: dict[str, Any]
+) -> None:
+    """Inverse of :func:`full_optimizer_state`; FSDP2: every rank holds the full ``state``
+    (read from the checkpoint) and keeps its own shard of it."""
+    if not sharded(learner):
+        optimizer.load_state_dict(state)
+        return
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    options = StateDictOptions(full_state_dict=True)
+    set_optimizer_state_dict(learner, optimizer, optim_state_dict=state, options=options)

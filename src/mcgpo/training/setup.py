@@ -32,7 +32,14 @@ import torch
 from mcgpo.rollout.collect import CollectOptions
 from mcgpo.training.checkpoint import latest_checkpoint, load_checkpoint, restore_rng
 from mcgpo.training.config import ConfigError, RunConfig, flatten, from_dict, parse_scalar
-from mcgpo.training.distributed import SINGLE, World, barrier
+from mcgpo.training.distributed import (
+    SINGLE,
+    World,
+    barrier,
+    distributed_learner,
+    follow_learner,
+    load_optimizer_state,
+)
 from mcgpo.training.metrics import MetricSinks, SilentSinks
 
 __all__ = [
@@ -94,7 +101,9 @@ class Run(RunSetup):
     updates_done: int  # updates completed
     task_cursor: int  # number of the next training task
     world: World = SINGLE  # this process's rank and the world size
-    learner: Any = None  # what the update runs: ``model``, or its DDP wrapper when W > 1
+    # what the update runs: ``model``; when W > 1 its DDP wrapper, or (train.sharding fsdp2)
+    # a sharded copy whose steps ``model`` follows (a full replica for generation and saving)
+    learner: Any = None
 
     def __post_init__(self) -> None:
         if self.learner is None:
@@ -140,7 +149,9 @@ def setup_run(cfg: RunConfig, command: str = "", world: World = SINGLE) -> Run:
     """Everything the training loop needs; a fresh run or the resumed one in ``cfg.out``.
 
     With W > 1 processes (``world``) every rank builds the same model from the same seed (or
-    loads the same checkpoint); DDP wraps it as ``learner``; only rank 0 writes metrics."""
+    loads the same checkpoint); the ``learner`` is its DDP wrapper or, with
+    ``train.sharding = "fsdp2"``, an FSDP2-sharded copy that AdamW steps and ``model``
+    follows (:mod:`mcgpo.training.distributed`); only rank 0 writes metrics."""
     setup = prepare(cfg, command, kind="train", world=world)
     cfg, model = setup.cfg, setup.model
     ref_model = None
@@ -155,23 +166,16 @@ def setup_run(cfg: RunConfig, command: str = "", world: World = SINGLE) -> Run:
     if cfg.train.gradient_checkpointing:
         model.gradient_checkpointing_enable()
         model.config.use_cache = False  # the sampler passes its own cache explicitly
-    optimizer = build_optimizer(model, cfg.train.lr, cfg.train.weight_decay)
+    learner = distributed_learner(model, cfg.train.sharding, world)
+    optimizer = build_optimizer(learner, cfg.train.lr, cfg.train.weight_decay)
     if state is not None:
-        optimizer.load_state_dict(state.optimizer)
+        load_optimizer_state(learner, optimizer, state.optimizer)
         restore_rng(state.rng)
+    follow_learner(model, learner, optimizer)  # FSDP2: the sampler's replica follows the steps
     sinks: MetricSinks | SilentSinks = SilentSinks()
     if world.main:
         resume_at = updates_done if cfg.resume else None
         sinks = MetricSinks(setup.folder, tensorboard=cfg.tensorboard, resume_at=resume_at)
-    learner = model
-    if world.size > 1:
-        from torch.nn.parallel import DistributedDataParallel
-
-        device = next(model.parameters()).device
-        device_ids = [device.index] if device.type == "cuda" else None
-        # buffers (rotary tables) are equal everywhere; broadcasting them at every forward
-        # would be a collective per micro-batch, and ranks run different numbers of those
-        learner = DistributedDataParallel(model, device_ids=device_ids, broadcast_buffers=False)
     fields = {f.name: getattr(setup, f.name) for f in dataclasses.fields(RunSetup)}
     return Run(
         **{**fields, "model": model},

@@ -32,6 +32,7 @@ from mcgpo.training.checkpoint import save_checkpoint
 from mcgpo.training.config import RunConfig
 from mcgpo.training.distributed import (
     barrier,
+    full_optimizer_state,
     gather_objects,
     init_world,
     merge_metrics,
@@ -159,13 +160,15 @@ def _evaluate(run: Run) -> dict[str, float]:
 
 def _checkpoint(run: Run) -> None:
     """Rank 0 writes the full state (DDP: every rank holds the same weights and optimiser
-    state); the others wait, so no rank runs ahead of a checkpoint that is being written."""
+    state; FSDP2: every rank first joins the gather of the sharded optimiser state); the
+    others wait, so no rank runs ahead of a checkpoint that is being written."""
+    optimizer_state = full_optimizer_state(run.learner, run.optimizer)
     if run.world.main:
-        _write_checkpoint(run)
+        _write_checkpoint(run, optimizer_state)
     barrier(run.world)
 
 
-def _write_checkpoint(run: Run) -> None:
+def _write_checkpoint(run: Run, optimizer_state: dict[str, Any]) -> None:
     save_checkpoint(
         run.folder,
         model=run.model,
@@ -173,6 +176,7 @@ def _write_checkpoint(run: Run) -> None:
         optimizer=run.optimizer,
         update=run.updates_done,
         task_cursor=run.task_cursor,
+        optimizer_state=optimizer_state,
     )
 
 

@@ -41,6 +41,7 @@ Aggregation, stated exactly:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -52,7 +53,7 @@ from mcgpo.objectives import pair_loss, plan_micro_batches, response_log_ratio, 
 from mcgpo.policy.logprobs import token_log_probs, token_log_probs_and_entropy
 from mcgpo.rollout.tokens import TokenBatch
 from mcgpo.training.config import TrainConfig
-from mcgpo.training.distributed import SINGLE, World, all_sum, gather_objects
+from mcgpo.training.distributed import SINGLE, World, all_sum, gather_objects, sharded
 
 __all__ = [
     "PairBatch",
@@ -79,8 +80,11 @@ class PairBatch:
 
 def clip_gradients(params: Iterable[torch.nn.Parameter], max_norm: float) -> torch.Tensor:
     """Clip the gradient norm to ``max_norm`` (0 = off, as ``train.grad_clip`` and
-    ``sft.grad_clip``); returns the norm before clipping."""
-    return torch.nn.utils.clip_grad_norm_(params, max_norm or float("inf"))
+    ``sft.grad_clip``); returns the norm before clipping. With FSDP2 the gradients are
+    DTensor shards and the norm is a replicated DTensor of the global norm (torch reduces
+    the shards' norms over the ranks); it is returned as a plain tensor."""
+    norm = torch.nn.utils.clip_grad_norm_(params, max_norm or float("inf"))
+    return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
 
 
 def _pairs_inside(rows: np.ndarray, pairs: PairBatch) -> PairBatch:
@@ -226,10 +230,11 @@ def update_policy(
     ``groups`` (``[rows]``, the StepTable's ``group`` column) makes the mini-batches whole
     task groups (:func:`plan_mini_batches`); None treats every row as its own group.
     ``ref_model`` is the frozen reference for the KL term (needed when ``cfg.kl_coef > 0``).
-    ``world`` (W > 1): ``model`` is DDP-wrapped and ``batch`` is this rank's block of whole
-    groups; the steps follow the global layout (:func:`plan_rank_mini_batches`), the
-    normalisers are the global row and token counts, and each rank's loss is scaled by W
-    because DDP averages the gradients: the summed gradient is the single-process one.
+    ``world`` (W > 1): ``model`` is DDP-wrapped (or FSDP2-sharded) and ``batch`` is this
+    rank's block of whole groups; the steps follow the global layout
+    (:func:`plan_rank_mini_batches`), the normalisers are the global row and token counts,
+    and each rank's loss is scaled by W because DDP and FSDP2 average the gradients: the
+    summed gradient is the single-process one (FSDP2: :func:`_same_pass_count` too).
     Returns averaged statistics (losses, clip fractions, KL, entropy, gradient norm).
     """
     n = len(batch)
@@ -242,6 +247,8 @@ def update_policy(
         return {"update/optimizer_steps": 0.0, "update/rows": 0.0, "update/tokens": 0.0}
     pairs = pairs if pairs is not None and lambda_pair > 0 else PairBatch.empty()
     layout = _layout(batch, cfg, pairs, groups, world)
+    if world.size > 1 and sharded(model):
+        layout = _same_pass_count(layout, world)
     device = next(model.parameters()).device
     params = [p for p in model.parameters() if p.requires_grad]
     model.train()
@@ -253,13 +260,16 @@ def update_policy(
         weights[key] = weights.get(key, 0.0) + weight
 
     steps = skipped = used = 0
-    scale = world.size  # DDP averages gradients over the ranks; the loss is a global sum
+    scale = world.size  # DDP and FSDP2 average gradients over the ranks; the loss is a sum
     for _ in range(cfg.ppo_epochs):
         for k, micros in enumerate(layout.steps):
             mini_rows, mini_tokens = layout.rows[k], layout.tokens[k]
             optimizer.zero_grad(set_to_none=True)
             for i, rows in enumerate(micros):
                 with _gradient_sync(model, last=i == len(micros) - 1):
+                    if len(rows) == 0:  # FSDP2 padding: a pass to match the other ranks'
+                        _zero_backward(model, device)
+                        continue
                     stats = _micro_step(
                         model, ref_model, batch.select(rows).to(device), advantages[rows], rows,
                         pairs, cfg, lambda_pair,
@@ -300,15 +310,31 @@ def _counts(
     }
 
 
+def _same_pass_count(layout: _Layout, world: World) -> _Layout:
+    """FSDP2: every forward and backward all-gathers parameters (a collective), so each
+    rank makes as many passes in a step as the rank with the most micro-batches in it;
+    the extra passes are empty row sets (a zero-loss pass, see :func:`_zero_backward`)."""
+    most = np.max(gather_objects([len(micros) for micros in layout.steps], world), axis=0)
+    empty = np.zeros(0, dtype=np.int64)
+    steps = [micros + [empty] * (int(m) - len(micros)) for micros, m in zip(layout.steps, most)]
+    return dataclasses.replace(layout, steps=steps)
+
+
 def _gradient_sync(model: Any, *, last: bool) -> Any:
-    """DDP all-reduces the gradients in the backward of a step's last micro-batch only."""
+    """The gradients are reduced over the ranks in the backward of a step's last micro-batch
+    only: DDP's ``no_sync`` before it; FSDP2's ``set_requires_gradient_sync(False)`` (each
+    rank then accumulates unsharded gradients until the last pass reduce-scatters them)."""
+    if hasattr(model, "set_requires_gradient_sync"):
+        model.set_requires_gradient_sync(last)
+        return contextlib.nullcontext()
     if last or not hasattr(model, "no_sync"):
         return contextlib.nullcontext()
     return model.no_sync()
 
 
 def _zero_backward(model: Any, device: torch.device) -> None:
-    """A backward with zero loss, so a rank with no rows in a step joins DDP's all-reduce."""
+    """A backward with zero loss, so a rank with no rows in a step (or, FSDP2, fewer
+    micro-batches than another rank) joins the collectives of the others' passes."""
     ids = torch.zeros((1, 1), dtype=torch.long, device=device)
     out = model(input_ids=ids, attention_mask=torch.ones_like(ids))
     (out.logits.float().sum() * 0.0).backward()

@@ -55,6 +55,10 @@ __all__ = [
 LAMBDA_PAIR = 1.0
 
 
+# Where pi_old comes from (train.old_logprobs); "auto" is resolved by TrainConfig.recompute_old.
+OLD_LOGPROBS = ("auto", "sampler", "recompute")
+
+
 class ConfigError(ValueError):
     """A configuration value or key is wrong; the message is one line naming the key."""
 
@@ -145,6 +149,20 @@ class TrainConfig:
     logits_chunk: int = _opt(0, "positions per chunk of the LM head (large vocabularies); 0 = all")
     gradient_checkpointing: bool = _opt(False, "recompute activations in backward (large models)")
     save_every: int = _opt(5, "checkpoint every k updates (and at the end); 0 = only at the end")
+    precision: str = _opt(
+        "fp32",
+        "fp32, bf16-mixed (bf16 autocast, fp32 weights and AdamW state) or bf16 (bf16 weights); "
+        "docs/training.md 'Precision'",
+    )
+    old_logprobs: str = _opt(
+        "auto",
+        "pi_old from the sampler, or recompute (a no-grad training forward before the "
+        "update); auto = recompute unless precision is fp32",
+    )
+    old_logprobs_check: bool = _opt(
+        False, "with pi_old from the sampler, still run that forward to log pi_old/* mismatch"
+    )
+    tf32: bool = _opt(True, "TF32 matmuls for float32 on CUDA (no effect on CPU)")
 
     def check(self) -> None:
         _at_least("train.updates", self.updates, 0)
@@ -162,6 +180,16 @@ class TrainConfig:
         _at_least("train.micro_batch_size", self.micro_batch_size, 1)
         _at_least("train.logits_chunk", self.logits_chunk, 0)
         _at_least("train.save_every", self.save_every, 0)
+        from mcgpo.policy.precision import PRECISIONS  # beside autocast (imports torch)
+
+        _choice("train.precision", self.precision, PRECISIONS)
+        _choice("train.old_logprobs", self.old_logprobs, OLD_LOGPROBS)
+
+    def recompute_old(self) -> bool:
+        """Whether pi_old comes from a training forward (``old_logprobs``, auto resolved)."""
+        if self.old_logprobs == "auto":
+            return self.precision != "fp32"
+        return self.old_logprobs == "recompute"
 
 
 @dataclass(frozen=True)

@@ -31,16 +31,24 @@ Aggregation, stated exactly:
    batch size 1) is dropped and counted in ``pairs/split_micro``. Both counts are per
    update: the layout is planned once and reused by every PPO epoch.
 4. Mini-batches are taken in that order, without shuffling, and every PPO epoch reuses the
-   sampler's log-probs as pi_old (the weights are unchanged between sampling and the first
-   step; later steps are off-policy as usual). Inside a mini-batch the rows are laid out by
+   same pi_old (the weights are unchanged between sampling and the first step; later steps
+   are off-policy as usual): the sampler's log-probs, or, with ``train.old_logprobs``
+   recompute (the default unless ``train.precision`` is fp32), a no-grad training forward
+   over the same micro-batches before the first step (:mod:`mcgpo.training.old_logprobs`),
+   which makes the first step's ratio exactly 1. Inside a mini-batch the rows are laid out by
    sequence length before planning micro-batches, so a micro-batch pads to little more than
    its own rows' length; by item 1 this changes the speed, not the gradient.
 5. A non-finite gradient norm skips the optimiser step (counted in ``update/skipped``).
+6. Every forward runs in ``train.precision`` (:func:`mcgpo.policy.precision.compute`: bf16
+   autocast for bf16-mixed); backward runs outside autocast, as torch prescribes; log-probs
+   and losses are float32. The first optimiser step (theta = theta_old) also reports how far
+   the ratio is from 1 and the spread of the pair score d there (``pi_old/*``, ``pairs/*``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -50,9 +58,12 @@ import torch
 
 from mcgpo.objectives import pair_loss, plan_micro_batches, response_log_ratio, task_loss
 from mcgpo.policy.logprobs import token_log_probs, token_log_probs_and_entropy
+from mcgpo.policy.precision import compute
 from mcgpo.rollout.tokens import TokenBatch
 from mcgpo.training.config import TrainConfig
 from mcgpo.training.distributed import SINGLE, World, all_sum, gather_objects
+from mcgpo.training.metrics import PeakMemory
+from mcgpo.training.old_logprobs import mismatch_stats, recompute_log_probs
 
 __all__ = [
     "PairBatch",
@@ -245,6 +256,9 @@ def update_policy(
     device = next(model.parameters()).device
     params = [p for p in model.parameters() if p.requires_grad]
     model.train()
+    memory = PeakMemory.start(device, "update")
+    batch, old_stats = _pi_old(model, batch, layout, cfg)
+    probe: list[tuple[np.ndarray, float]] = []  # (d of each row, max |ratio - 1|) at theta_old
     totals: dict[str, float] = {}
     weights: dict[str, float] = {}
 
@@ -254,7 +268,7 @@ def update_policy(
 
     steps = skipped = used = 0
     scale = world.size  # DDP averages gradients over the ranks; the loss is a global sum
-    for _ in range(cfg.ppo_epochs):
+    for epoch in range(cfg.ppo_epochs):
         for k, micros in enumerate(layout.steps):
             mini_rows, mini_tokens = layout.rows[k], layout.tokens[k]
             optimizer.zero_grad(set_to_none=True)
@@ -265,6 +279,7 @@ def update_policy(
                         pairs, cfg, lambda_pair,
                         token_share=scale * _share(batch, rows, mini_tokens),
                         row_share=scale * len(rows) / mini_rows,
+                        probe=probe if epoch == k == 0 else None,
                     )  # fmt: skip
                 used += int(stats.pop("pairs/used")[0])
                 for key, (value, weight) in stats.items():
@@ -280,7 +295,39 @@ def update_policy(
                 skipped += 1
     optimizer.zero_grad(set_to_none=True)
     out = {k: totals[k] / weights[k] if weights[k] else float("nan") for k in totals}
-    return {**out, **_counts(batch, layout, pairs, steps, skipped, used / cfg.ppo_epochs)}
+    counts = _counts(batch, layout, pairs, steps, skipped, used / cfg.ppo_epochs)
+    return {**out, **counts, **old_stats, **_at_old(probe), **memory.stop()}
+
+
+def _pi_old(
+    model: Any, batch: TokenBatch, layout: _Layout, cfg: TrainConfig
+) -> tuple[TokenBatch, dict[str, float]]:
+    """The batch with the pi_old the update uses, and the sampler-vs-training mismatch
+    (measured when pi_old is recomputed, or when ``train.old_logprobs_check`` asks)."""
+    recompute = cfg.recompute_old()
+    if not (recompute or cfg.old_logprobs_check):
+        return batch, {}
+    micros = [rows for step in layout.steps for rows in step]
+    fresh = recompute_log_probs(
+        model, batch, micros, precision=cfg.precision, chunk_size=cfg.logits_chunk or None
+    )
+    stats = mismatch_stats(batch.old_log_probs, fresh, batch.response_mask)
+    stats["pi_old/recomputed"] = float(recompute)
+    if recompute:
+        batch = dataclasses.replace(batch, old_log_probs=fresh)
+    return batch, stats
+
+
+def _at_old(probe: list[tuple[np.ndarray, float]]) -> dict[str, float]:
+    """The first optimiser step's view of pi_old: theta = theta_old there, so the ratio
+    should be 1 and d should be 0; their deviations are rounding (or a stale pi_old)."""
+    if not probe:
+        return {}
+    d = np.concatenate([rows for rows, _ in probe])
+    return {
+        "pi_old/ratio_max_dev_at_old": max(dev for _, dev in probe),
+        "pairs/d_spread_at_old": float(d.std()) if len(d) else 0.0,
+    }
 
 
 def _counts(
@@ -314,6 +361,15 @@ def _zero_backward(model: Any, device: torch.device) -> None:
     (out.logits.float().sum() * 0.0).backward()
 
 
+def _probe(
+    log_probs: torch.Tensor, old: torch.Tensor, mask: torch.Tensor
+) -> tuple[np.ndarray, float]:
+    """d of each row with a response, and max |exp(log p - log p_old) - 1| on responses."""
+    d = response_log_ratio(log_probs, old, mask)[mask.any(1)]
+    dev = (torch.exp(log_probs - old) - 1).abs()[mask]
+    return d.cpu().numpy(), float(dev.max()) if dev.numel() else 0.0
+
+
 def _share(batch: TokenBatch, rows: np.ndarray, mini_tokens: int) -> float:
     tokens = int(batch.response_mask[torch.as_tensor(rows)].sum())
     return tokens / mini_tokens if mini_tokens else 0.0
@@ -331,20 +387,26 @@ def _micro_step(
     *,
     token_share: float,
     row_share: float,
+    probe: list[tuple[np.ndarray, float]] | None = None,
 ) -> dict[str, tuple[float, float]]:
     """Forward, loss and backward of one micro-batch (``rows`` of the batch).
 
     Returns {metric: (value, weight)}; the trainer averages values with these weights.
+    ``probe`` (first optimiser step only) collects d per row and the max |ratio - 1|.
     """
     chunk = cfg.logits_chunk or None
-    log_probs, entropy = token_log_probs_and_entropy(
-        model, mb.input_ids, mb.attention_mask, with_entropy=cfg.entropy_coef > 0, chunk_size=chunk
-    )
     mask = mb.response_mask
     ref = None
-    if cfg.kl_coef > 0:
-        with torch.no_grad():
-            ref = token_log_probs(ref_model, mb.input_ids, mb.attention_mask, chunk_size=chunk)
+    with compute(cfg.precision, mb.device):
+        log_probs, entropy = token_log_probs_and_entropy(
+            model, mb.input_ids, mb.attention_mask, with_entropy=cfg.entropy_coef > 0,
+            chunk_size=chunk,
+        )  # fmt: skip
+        if cfg.kl_coef > 0:
+            with torch.no_grad():
+                ref = token_log_probs(ref_model, mb.input_ids, mb.attention_mask, chunk_size=chunk)
+    if probe is not None:
+        probe.append(_probe(log_probs.detach(), mb.old_log_probs, mask))
     task, task_stats = task_loss(
         log_probs,
         mb.old_log_probs,

@@ -229,3 +229,21 @@ def test_bf16_mixed_smoke_run_logs_pi_old_and_memory(smoke_args, tmp_path):
         assert r["pi_old/recomputed"] == 1.0 and r["pi_old/ratio_max_dev_at_old"] == 0.0
         assert r["pi_old/max_abs_diff"] > 0  # the sampler ran in bf16 too
         assert r["memory/process_peak_rss_gb"] > 0
+
+
+def test_tf32_is_set_on_cuda_only_and_follows_the_option():
+    from mcgpo.training.setup import apply_runtime
+
+    matmul = torch.backends.cuda.matmul
+    before = matmul.fp32_precision
+    try:
+        matmul.fp32_precision = "ieee"
+        apply_runtime(RunConfig())  # cpu: untouched
+        assert matmul.fp32_precision == "ieee"
+        apply_runtime(RunConfig(device="cuda"))
+        assert matmul.fp32_precision == "tf32"
+        assert torch.backends.cudnn.conv.fp32_precision == "tf32"
+        apply_runtime(from_dict({"device": "cuda", "train": {"tf32": False}}))
+        assert matmul.fp32_precision == "ieee"
+    finally:
+        matmul.fp32_precision = before

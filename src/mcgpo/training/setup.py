@@ -70,6 +70,7 @@ RESUMABLE = {
     "train.save_every",
     "env.workers",  # where the environments step never changes the rollouts
     "env.step_timeout",
+    "train.old_logprobs_check",  # measures the pi_old mismatch, never changes the update
 }
 
 

@@ -70,9 +70,9 @@ def test_qwen3_variant_is_webshop_paper_with_action_only_responses():
         qwen3, rollout=dataclasses.replace(qwen3.rollout, response_format="think")
     )
     assert same == qwen25
-    # the comment says that thinking is not switched off yet, and why
+    # the comment says how thinking is switched off (the prompt layer, by response format)
     comment = preset_text("webshop-paper-qwen3")
-    assert "enable_thinking=False" in comment and "NOT yet done" in comment
+    assert "enable_thinking=False" in comment and "done by the prompt layer" in comment
 
 
 @pytest.mark.parametrize("name", PAPER_PRESETS)

@@ -9,6 +9,11 @@ A tokenizer saved as a plain fast tokenizer (``tokenizer_class`` ``TokenizersBac
 would pick the model type's own class (``Qwen2Tokenizer``), which rebuilds the pre-tokenizer
 and changes the tokenization.
 
+Attention runs through transformers' default implementation, which is SDPA
+(``torch.nn.functional.scaled_dot_product_attention``: flash / memory-efficient kernels on
+CUDA) for every model class that supports it, Qwen2 and Qwen3 included, and eager otherwise;
+the tests check that a Qwen-shaped folder loads with ``sdpa``.
+
 A tokenizer without a pad token gets its EOS token as pad (Llama-style base models ship
 without one); the rollout layer pads itself and masks padding, so the choice never reaches
 the loss.

@@ -15,7 +15,15 @@ Two response formats:
               then wrapped as one user message with the tokenizer's chat template.
 ``"action"``  the action alone on one line; the default for the tiny model, whose tokenizer
               has no chat template: the prompt is plain text starting with BOS, in a
-              compact layout (below).
+              compact layout (below). With a chat template (Qwen3 run action-only, as the
+              MCGPO recipe does) the prompt is wrapped like the think format's.
+
+The response format also sets the chat template's thinking switch: the template is called
+with ``enable_thinking`` true for ``"think"`` and false for ``"action"``. Qwen3's template
+then adds an empty ``<think>\n\n</think>\n\n`` to the generation prompt for the action
+format, so the model answers with the action instead of reasoning first; templates that do
+not use the variable (Qwen2.5's, most others) ignore it. No separate option: thinking on
+with the action format would make every first line ``<think>`` and every action invalid.
 
 The action format's compact layout keeps the same facts (the last h observation/action
 pairs, the current observation, the admissible actions, the task) without the verl-agent
@@ -143,16 +151,19 @@ def default_response_format(tokenizer: Any) -> str:
     return "think" if getattr(tokenizer, "chat_template", None) else "action"
 
 
-def encode_prompt(tokenizer: Any, text: str) -> list[int]:
+def encode_prompt(tokenizer: Any, text: str, *, thinking: bool | None = None) -> list[int]:
     """Token ids of a rendered prompt, ready for the model to continue with the response.
 
     With a chat template the text becomes one user message followed by the generation
-    prompt; without one the text is tokenized as is (the tiny tokenizer adds BOS).
+    prompt (``thinking``, when given, is the template's ``enable_thinking``); without one the
+    text is tokenized as is (the tiny tokenizer adds BOS).
     """
     if getattr(tokenizer, "chat_template", None):
+        switch = {} if thinking is None else {"enable_thinking": thinking}
         chat = tokenizer.apply_chat_template(
-            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
-        )
+            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False,
+            **switch,
+        )  # fmt: skip
         return list(tokenizer(chat, add_special_tokens=False)["input_ids"])
     return list(tokenizer(text)["input_ids"])
 
@@ -178,7 +189,7 @@ def prompt_ids(
 
     def encode(h: int) -> list[int]:
         text = render_prompt(observation, past, history=h, response_format=response_format)
-        return encode_prompt(tokenizer, text)
+        return encode_prompt(tokenizer, text, thinking=response_format == "think")
 
     ids = encode(history)
     if max_prompt_tokens is None or len(ids) <= max_prompt_tokens:

@@ -58,6 +58,8 @@ LAMBDA_PAIR = 1.0
 
 # How the update is spread over W > 1 processes (mcgpo.training.distributed, scale-out.md).
 SHARDINGS = ("ddp", "fsdp2")
+# Where pi_old comes from (train.old_logprobs); "auto" is resolved by TrainConfig.recompute_old.
+OLD_LOGPROBS = ("auto", "sampler", "recompute")
 
 
 class ConfigError(ValueError):
@@ -155,6 +157,20 @@ class TrainConfig:
         "update across processes: ddp (replicated) or fsdp2 (gradients and optimiser state "
         "sharded, fully_shard); no effect in one process; see scale-out.md",
     )
+    precision: str = _opt(
+        "fp32",
+        "fp32, bf16-mixed (bf16 autocast, fp32 weights and AdamW state) or bf16 (bf16 weights); "
+        "docs/training.md 'Precision'",
+    )
+    old_logprobs: str = _opt(
+        "auto",
+        "pi_old from the sampler, or recompute (a no-grad training forward before the "
+        "update); auto = recompute unless precision is fp32",
+    )
+    old_logprobs_check: bool = _opt(
+        False, "with pi_old from the sampler, still run that forward to log pi_old/* mismatch"
+    )
+    tf32: bool = _opt(True, "TF32 matmuls for float32 on CUDA (no effect on CPU)")
 
     def check(self) -> None:
         _at_least("train.updates", self.updates, 0)
@@ -173,6 +189,16 @@ class TrainConfig:
         _at_least("train.logits_chunk", self.logits_chunk, 0)
         _at_least("train.save_every", self.save_every, 0)
         _choice("train.sharding", self.sharding, SHARDINGS)
+        from mcgpo.policy.precision import PRECISIONS  # beside autocast (imports torch)
+
+        _choice("train.precision", self.precision, PRECISIONS)
+        _choice("train.old_logprobs", self.old_logprobs, OLD_LOGPROBS)
+
+    def recompute_old(self) -> bool:
+        """Whether pi_old comes from a training forward (``old_logprobs``, auto resolved)."""
+        if self.old_logprobs == "auto":
+            return self.precision != "fp32"
+        return self.old_logprobs == "recompute"
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ W = 1 is the single-process reference: no process group, no collective, nothing 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import os
@@ -46,6 +47,7 @@ __all__ = [
     "follow_learner",
     "full_optimizer_state",
     "gather_objects",
+    "gradient_sync",
     "init_world",
     "launch_local",
     "launched_world_size",
@@ -55,6 +57,7 @@ __all__ = [
     "shard_policy",
     "sharded",
     "union_tables",
+    "zero_backward",
 ]
 
 
@@ -364,3 +367,23 @@ def load_optimizer_state(
 
     options = StateDictOptions(full_state_dict=True)
     set_optimizer_state_dict(learner, optimizer, optim_state_dict=state, options=options)
+
+
+def gradient_sync(model: Any, *, last: bool) -> Any:
+    """The gradients are reduced over the ranks in the backward of a step's last micro-batch
+    only: DDP's ``no_sync`` before it; FSDP2's ``set_requires_gradient_sync(False)`` (each
+    rank then accumulates unsharded gradients until the last pass reduce-scatters them)."""
+    if hasattr(model, "set_requires_gradient_sync"):
+        model.set_requires_gradient_sync(last)
+        return contextlib.nullcontext()
+    if last or not hasattr(model, "no_sync"):
+        return contextlib.nullcontext()
+    return model.no_sync()
+
+
+def zero_backward(model: Any, device: torch.device) -> None:
+    """A backward with zero loss, so a rank with no rows in a step (or, FSDP2, fewer
+    micro-batches than another rank) joins the collectives of the others' passes."""
+    ids = torch.zeros((1, 1), dtype=torch.long, device=device)
+    out = model(input_ids=ids, attention_mask=torch.ones_like(ids))
+    (out.logits.float().sum() * 0.0).backward()

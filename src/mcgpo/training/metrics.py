@@ -21,7 +21,47 @@ from typing import Any
 
 from mcgpo.training.checkpoint import atomic_write_text
 
-__all__ = ["MetricSinks", "ProgressBar", "Table", "read_metrics", "run_stages"]
+__all__ = ["MetricSinks", "PeakMemory", "ProgressBar", "Table", "read_metrics", "run_stages"]
+
+
+class PeakMemory:
+    """The memory high-water mark of one phase (``rollout``, ``update``) of an update.
+
+    On CUDA: ``memory/<phase>_peak_gb``, the most bytes of tensors allocated on the device
+    during the phase (``torch.cuda.max_memory_allocated``, reset when the phase starts), in
+    GB (10^9 bytes). On the CPU a phase's peak cannot be told apart from the process's:
+    ``memory/process_peak_rss_gb`` is the peak resident set size of the whole process since it
+    started (``getrusage``; Python, environments and tokenizer included).
+    """
+
+    def __init__(self, device: Any, phase: str) -> None:
+        import torch
+
+        self.device = torch.device(device)
+        self.phase = phase
+
+    @classmethod
+    def start(cls, device: Any, phase: str) -> PeakMemory:
+        """Begin measuring a phase on ``device``."""
+        peak = cls(device, phase)
+        if peak.device.type == "cuda":
+            import torch
+
+            torch.cuda.reset_peak_memory_stats(peak.device)
+        return peak
+
+    def stop(self) -> dict[str, float]:
+        """The phase's metric (see the class docstring)."""
+        if self.device.type == "cuda":
+            import torch
+
+            peak = torch.cuda.max_memory_allocated(self.device)
+            return {f"memory/{self.phase}_peak_gb": peak / 1e9}
+        import resource
+
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+        scale = 1 if sys.platform == "darwin" else 1024
+        return {"memory/process_peak_rss_gb": rss * scale / 1e9}
 
 
 class SilentSinks:

@@ -48,6 +48,7 @@ __all__ = [
     "RunSetup",
     "apply_runtime",
     "build_optimizer",
+    "check_device",
     "collect_options",
     "env_factory",
     "load_model",
@@ -76,6 +77,7 @@ RESUMABLE = {
     "train.save_every",
     "env.workers",  # where the environments step never changes the rollouts
     "env.step_timeout",
+    "train.old_logprobs_check",  # measures the pi_old mismatch, never changes the update
 }
 
 
@@ -122,6 +124,7 @@ def prepare(cfg: RunConfig, command: str = "", *, kind: str, world: World = SING
 
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {', '.join(KINDS)}; got {kind!r}")
+    check_device(cfg)
     cfg = dataclasses.replace(cfg, env=dataclasses.replace(cfg.env, options=typed_env_options(cfg)))
     if kind == "train":
         from mcgpo.training.algorithms import resolve_algo
@@ -204,8 +207,29 @@ def writable_folder(path: str | Path) -> Path:
     return folder
 
 
+def check_device(cfg: RunConfig) -> None:
+    """``cfg.device`` exists here and can run ``train.precision``; else a one-line ConfigError."""
+    from mcgpo.policy.precision import PrecisionError, check_precision
+
+    if cfg.device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise ConfigError(f"--device {cfg.device}: CUDA is not available on this machine")
+        index = torch.device(cfg.device).index
+        if index is not None and index >= torch.cuda.device_count():
+            raise ConfigError(
+                f"--device {cfg.device}: this machine has {torch.cuda.device_count()} CUDA "
+                "device(s)"
+            )
+    try:
+        check_precision(cfg.train.precision, cfg.device)
+    except PrecisionError as err:
+        raise ConfigError(str(err)) from None
+
+
 def apply_runtime(cfg: RunConfig) -> None:
-    """Threads, determinism and the global seeds."""
+    """Threads, determinism, TF32 on CUDA (``train.tf32``) and the global seeds."""
+    if cfg.device.startswith("cuda"):
+        _set_tf32(cfg.train.tf32)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     if cfg.deterministic:
@@ -238,7 +262,9 @@ def load_model(
             model, tokenizer = load_policy(source)
         except PolicyLoadError as err:
             raise ConfigError(str(err)) from None
-    return model.to(cfg.device), tokenizer
+    from mcgpo.policy.precision import cast_weights
+
+    return cast_weights(model, cfg.train.precision).to(cfg.device), tokenizer
 
 
 def tiny_corpus(cfg: RunConfig, make_env: Callable[[], Any]) -> Iterable[str]:
@@ -308,6 +334,18 @@ def build_optimizer(model: Any, lr: float, weight_decay: float) -> torch.optim.O
     """AdamW over the trainable parameters (decay on all of them, as verl's FSDP actor)."""
     params = [p for p in model.parameters() if p.requires_grad]
     return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+
+
+def _set_tf32(enabled: bool) -> None:
+    """TF32 for float32 matmuls and convolutions on CUDA (torch >= 2.9 API, else the old)."""
+    mode = "tf32" if enabled else "ieee"
+    matmul = torch.backends.cuda.matmul
+    if hasattr(torch.backends, "fp32_precision"):  # mixing it with allow_tf32 is an error
+        matmul.fp32_precision = mode
+        torch.backends.cudnn.conv.fp32_precision = mode
+    else:
+        matmul.allow_tf32 = enabled
+        torch.backends.cudnn.allow_tf32 = enabled
 
 
 def rollout_seed(seed: int, update: int) -> int:

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from mcgpo.policy.precision import compute
 from mcgpo.rollout.collect import Rollout, collect
 from mcgpo.training.algorithms import Credit, assign_credit
 from mcgpo.training.checkpoint import save_checkpoint
@@ -39,7 +40,7 @@ from mcgpo.training.distributed import (
     rank_block,
 )
 from mcgpo.training.evaluate import evaluate
-from mcgpo.training.metrics import ProgressBar, Table, read_metrics
+from mcgpo.training.metrics import PeakMemory, ProgressBar, Table, read_metrics
 from mcgpo.training.setup import Run, collect_options, rollout_seed, setup_run
 from mcgpo.training.update import PairBatch, update_policy
 
@@ -80,7 +81,10 @@ def _train(run: Run) -> Table:
             group_size=cfg.rollout.group_size,
             seed=rollout_seed(cfg.seed, update),
         )
-        rollout = collect(run.model, run.tokenizer, run.make_env, tasks, options)
+        memory = PeakMemory.start(cfg.device, "rollout")
+        with compute(cfg.train.precision, cfg.device):  # the sampler in the update's precision
+            rollout = collect(run.model, run.tokenizer, run.make_env, tasks, options)
+        stats = memory.stop()
         run.task_cursor += cfg.rollout.groups
         t_rollout = time.perf_counter() - clock
 
@@ -92,7 +96,7 @@ def _train(run: Run) -> Table:
 
         # 3. The PPO update, the pair loss in the same micro-batch passes.
         clock = time.perf_counter()
-        stats = update_policy(
+        stats |= update_policy(
             run.learner,
             run.optimizer,
             learnable.tokens,

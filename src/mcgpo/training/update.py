@@ -31,16 +31,22 @@ Aggregation, stated exactly:
    batch size 1) is dropped and counted in ``pairs/split_micro``. Both counts are per
    update: the layout is planned once and reused by every PPO epoch.
 4. Mini-batches are taken in that order, without shuffling, and every PPO epoch reuses the
-   sampler's log-probs as pi_old (the weights are unchanged between sampling and the first
-   step; later steps are off-policy as usual). Inside a mini-batch the rows are laid out by
+   same pi_old (the weights are unchanged between sampling and the first step; later steps
+   are off-policy as usual): the sampler's log-probs, or, with ``train.old_logprobs``
+   recompute (the default unless ``train.precision`` is fp32), a no-grad training forward
+   over the same micro-batches before the first step (:mod:`mcgpo.training.old_logprobs`),
+   which makes the first step's ratio exactly 1. Inside a mini-batch the rows are laid out by
    sequence length before planning micro-batches, so a micro-batch pads to little more than
    its own rows' length; by item 1 this changes the speed, not the gradient.
 5. A non-finite gradient norm skips the optimiser step (counted in ``update/skipped``).
+6. Every forward runs in ``train.precision`` (:func:`mcgpo.policy.precision.compute`: bf16
+   autocast for bf16-mixed); backward runs outside autocast, as torch prescribes; log-probs
+   and losses are float32. The first optimiser step (theta = theta_old) also reports how far
+   the ratio is from 1 and the spread of the pair score d there (``pi_old/*``, ``pairs/*``).
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -51,9 +57,20 @@ import torch
 
 from mcgpo.objectives import pair_loss, plan_micro_batches, response_log_ratio, task_loss
 from mcgpo.policy.logprobs import token_log_probs, token_log_probs_and_entropy
+from mcgpo.policy.precision import compute
 from mcgpo.rollout.tokens import TokenBatch
 from mcgpo.training.config import TrainConfig
-from mcgpo.training.distributed import SINGLE, World, all_sum, gather_objects, sharded
+from mcgpo.training.distributed import (
+    SINGLE,
+    World,
+    all_sum,
+    gather_objects,
+    gradient_sync,
+    sharded,
+    zero_backward,
+)
+from mcgpo.training.metrics import PeakMemory
+from mcgpo.training.old_logprobs import at_old_stats, old_log_probs_for_update
 
 __all__ = [
     "PairBatch",
@@ -211,6 +228,28 @@ def _layout(
     return _Layout(steps, rows, tokens, split_mini, split_micro, widest)
 
 
+class _Averages:
+    """Weighted running means of the update's statistics."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, float] = {}
+        self.weights: dict[str, float] = {}
+
+    def add(self, key: str, value: float, weight: float = 1.0) -> None:
+        self.sums[key] = self.sums.get(key, 0.0) + float(value) * weight
+        self.weights[key] = self.weights.get(key, 0.0) + weight
+
+    def add_all(self, stats: dict[str, tuple[float, float]]) -> None:
+        for key, (value, weight) in stats.items():
+            self.add(key, value, weight)
+
+    def means(self) -> dict[str, float]:
+        return {
+            k: s / self.weights[k] if self.weights[k] else float("nan")
+            for k, s in self.sums.items()
+        }
+
+
 def update_policy(
     model: Any,
     optimizer: torch.optim.Optimizer,
@@ -237,11 +276,7 @@ def update_policy(
     summed gradient is the single-process one (FSDP2: :func:`_same_pass_count` too).
     Returns averaged statistics (losses, clip fractions, KL, entropy, gradient norm).
     """
-    n = len(batch)
-    if advantages.shape != (n,):
-        raise ValueError(f"advantages has shape {advantages.shape}, expected ({n},)")
-    if cfg.kl_coef > 0 and ref_model is None:
-        raise ValueError("kl_coef > 0 needs a reference model")
+    n = _check_inputs(batch, advantages, cfg, ref_model)
     total = n if world.size == 1 else int(all_sum([n], world)[0])
     if total == 0:  # every trajectory of the batch errored: nothing to learn from
         return {"update/optimizer_steps": 0.0, "update/rows": 0.0, "update/tokens": 0.0}
@@ -252,45 +287,57 @@ def update_policy(
     device = next(model.parameters()).device
     params = [p for p in model.parameters() if p.requires_grad]
     model.train()
-    totals: dict[str, float] = {}
-    weights: dict[str, float] = {}
-
-    def add(key: str, value: float, weight: float = 1.0) -> None:
-        totals[key] = totals.get(key, 0.0) + float(value) * weight
-        weights[key] = weights.get(key, 0.0) + weight
-
+    memory = PeakMemory.start(device, "update")
+    micros = [rows for step in layout.steps for rows in step]
+    batch, old_stats = old_log_probs_for_update(
+        model, batch, micros, cfg, pad_passes=world.size > 1 and sharded(model)
+    )
+    probe: list[tuple[np.ndarray, float]] = []  # (d of each row, max |ratio - 1|) at theta_old
+    totals = _Averages()
     steps = skipped = used = 0
-    scale = world.size  # DDP and FSDP2 average gradients over the ranks; the loss is a sum
-    for _ in range(cfg.ppo_epochs):
+    scale = world.size  # DDP and FSDP2 average gradients over the ranks; the loss is a global sum
+    for epoch in range(cfg.ppo_epochs):
         for k, micros in enumerate(layout.steps):
             mini_rows, mini_tokens = layout.rows[k], layout.tokens[k]
             optimizer.zero_grad(set_to_none=True)
             for i, rows in enumerate(micros):
-                with _gradient_sync(model, last=i == len(micros) - 1):
+                with gradient_sync(model, last=i == len(micros) - 1):
                     if len(rows) == 0:  # FSDP2 padding: a pass to match the other ranks'
-                        _zero_backward(model, device)
+                        zero_backward(model, device)
                         continue
                     stats = _micro_step(
                         model, ref_model, batch.select(rows).to(device), advantages[rows], rows,
                         pairs, cfg, lambda_pair,
                         token_share=scale * _share(batch, rows, mini_tokens),
                         row_share=scale * len(rows) / mini_rows,
+                        probe=probe if epoch == k == 0 else None,
                     )  # fmt: skip
                 used += int(stats.pop("pairs/used")[0])
-                for key, (value, weight) in stats.items():
-                    add(key, value, weight)
+                totals.add_all(stats)
             if not micros:  # no rows of this step here: join its gradient all-reduce
-                _zero_backward(model, device)
+                zero_backward(model, device)
             norm = clip_gradients(params, cfg.grad_clip)
-            add("update/grad_norm", float(norm))
+            totals.add("update/grad_norm", float(norm))
             if torch.isfinite(norm):
                 optimizer.step()
                 steps += 1
             else:
                 skipped += 1
     optimizer.zero_grad(set_to_none=True)
-    out = {k: totals[k] / weights[k] if weights[k] else float("nan") for k in totals}
-    return {**out, **_counts(batch, layout, pairs, steps, skipped, used / cfg.ppo_epochs)}
+    out = totals.means()
+    counts = _counts(batch, layout, pairs, steps, skipped, used / cfg.ppo_epochs)
+    return {**out, **counts, **old_stats, **at_old_stats(probe), **memory.stop()}
+
+
+def _check_inputs(
+    batch: TokenBatch, advantages: np.ndarray, cfg: TrainConfig, ref_model: Any
+) -> int:
+    n = len(batch)
+    if advantages.shape != (n,):
+        raise ValueError(f"advantages has shape {advantages.shape}, expected ({n},)")
+    if cfg.kl_coef > 0 and ref_model is None:
+        raise ValueError("kl_coef > 0 needs a reference model")
+    return n
 
 
 def _counts(
@@ -313,31 +360,20 @@ def _counts(
 def _same_pass_count(layout: _Layout, world: World) -> _Layout:
     """FSDP2: every forward and backward all-gathers parameters (a collective), so each
     rank makes as many passes in a step as the rank with the most micro-batches in it;
-    the extra passes are empty row sets (a zero-loss pass, see :func:`_zero_backward`)."""
+    the extra passes are empty row sets (a zero-loss pass, see :func:`~mcgpo.training.distributed.zero_backward`)."""
     most = np.max(gather_objects([len(micros) for micros in layout.steps], world), axis=0)
     empty = np.zeros(0, dtype=np.int64)
     steps = [micros + [empty] * (int(m) - len(micros)) for micros, m in zip(layout.steps, most)]
     return dataclasses.replace(layout, steps=steps)
 
 
-def _gradient_sync(model: Any, *, last: bool) -> Any:
-    """The gradients are reduced over the ranks in the backward of a step's last micro-batch
-    only: DDP's ``no_sync`` before it; FSDP2's ``set_requires_gradient_sync(False)`` (each
-    rank then accumulates unsharded gradients until the last pass reduce-scatters them)."""
-    if hasattr(model, "set_requires_gradient_sync"):
-        model.set_requires_gradient_sync(last)
-        return contextlib.nullcontext()
-    if last or not hasattr(model, "no_sync"):
-        return contextlib.nullcontext()
-    return model.no_sync()
-
-
-def _zero_backward(model: Any, device: torch.device) -> None:
-    """A backward with zero loss, so a rank with no rows in a step (or, FSDP2, fewer
-    micro-batches than another rank) joins the collectives of the others' passes."""
-    ids = torch.zeros((1, 1), dtype=torch.long, device=device)
-    out = model(input_ids=ids, attention_mask=torch.ones_like(ids))
-    (out.logits.float().sum() * 0.0).backward()
+def _probe(
+    log_probs: torch.Tensor, old: torch.Tensor, mask: torch.Tensor
+) -> tuple[np.ndarray, float]:
+    """d of each row with a response, and max |exp(log p - log p_old) - 1| on responses."""
+    d = response_log_ratio(log_probs, old, mask)[mask.any(1)]
+    dev = (torch.exp(log_probs - old) - 1).abs()[mask]
+    return d.cpu().numpy(), float(dev.max()) if dev.numel() else 0.0
 
 
 def _share(batch: TokenBatch, rows: np.ndarray, mini_tokens: int) -> float:
@@ -357,20 +393,26 @@ def _micro_step(
     *,
     token_share: float,
     row_share: float,
+    probe: list[tuple[np.ndarray, float]] | None = None,
 ) -> dict[str, tuple[float, float]]:
     """Forward, loss and backward of one micro-batch (``rows`` of the batch).
 
     Returns {metric: (value, weight)}; the trainer averages values with these weights.
+    ``probe`` (first optimiser step only) collects d per row and the max |ratio - 1|.
     """
     chunk = cfg.logits_chunk or None
-    log_probs, entropy = token_log_probs_and_entropy(
-        model, mb.input_ids, mb.attention_mask, with_entropy=cfg.entropy_coef > 0, chunk_size=chunk
-    )
     mask = mb.response_mask
     ref = None
-    if cfg.kl_coef > 0:
-        with torch.no_grad():
-            ref = token_log_probs(ref_model, mb.input_ids, mb.attention_mask, chunk_size=chunk)
+    with compute(cfg.precision, mb.device):
+        log_probs, entropy = token_log_probs_and_entropy(
+            model, mb.input_ids, mb.attention_mask, with_entropy=cfg.entropy_coef > 0,
+            chunk_size=chunk,
+        )  # fmt: skip
+        if cfg.kl_coef > 0:
+            with torch.no_grad():
+                ref = token_log_probs(ref_model, mb.input_ids, mb.attention_mask, chunk_size=chunk)
+    if probe is not None:
+        probe.append(_probe(log_probs.detach(), mb.old_log_probs, mask))
     task, task_stats = task_loss(
         log_probs,
         mb.old_log_probs,

@@ -1,0 +1,73 @@
+"""Print the memory plan: GB per GPU of an MCGPO update and rollout, for the recipe's models.
+
+Computed, not measured (mcgpo.policy.memory: exact parameter counts from the configs,
+activation bytes counted op by op and checked on the CPU against autograd's saved
+tensors). bf16-mixed (fp32 weights, gradients and AdamW moments: 16 bytes per parameter),
+an fp32 reference policy for the KL term, a micro-batch of ``--micro-rows`` rows of
+``--row-tokens`` tokens, the LM head in ``--logits-chunk`` positions, and a rollout of
+``--sequences`` rows of ``--row-tokens`` tokens in the KV cache. FSDP2 over n GPUs divides
+the weights, gradients, moments and reference by n; activations stay per GPU.
+
+    python benchmarks/memory_plan.py                 # the table in docs/training.md
+    python benchmarks/memory_plan.py --row-tokens 5632 --models qwen3-4b,qwen3-8b
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from mcgpo.policy.memory import plan
+from mcgpo.policy.shapes import SHAPES, shaped_config
+
+GPUS = {"80 GB": 80.0, "141 GB": 141.0}
+
+
+def rows(args: argparse.Namespace) -> list[list[str]]:
+    """One table row per model, GPU count and checkpointing setting."""
+    out = []
+    for name in args.models.split(","):
+        if name not in SHAPES:
+            raise SystemExit(f"unknown model {name!r}; expected one of {', '.join(SHAPES)}")
+        config = shaped_config(name)
+        for gpus in (1, 2, 4):
+            for ckpt in (False, True):
+                p = plan(
+                    config, gpus=gpus, checkpointing=ckpt, micro_rows=args.micro_rows,
+                    row_tokens=args.row_tokens, logits_chunk=args.logits_chunk,
+                    sequences=args.sequences,
+                )  # fmt: skip
+                peak = max(p.update_gb, p.rollout_gb)
+                fits = ["yes" if peak <= size * 0.95 else "no" for size in GPUS.values()]
+                out.append([
+                    name, f"{p.params_b:.2f}", "1" if gpus == 1 else f"FSDP2 x{gpus}",
+                    "on" if ckpt else "off", f"{p.states_gb:.1f}", f"{p.ref_gb:.1f}",
+                    f"{p.activations_gb:.1f}", f"{p.head_gb:.1f}", f"{p.update_gb:.1f}",
+                    f"{p.rollout_gb:.1f}", *fits,
+                ])  # fmt: skip
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default="qwen2.5-1.5b,qwen2.5-3b,qwen2.5-7b,qwen3-4b,qwen3-8b")
+    parser.add_argument("--micro-rows", type=int, default=8)
+    parser.add_argument("--row-tokens", type=int, default=2048)
+    parser.add_argument("--logits-chunk", type=int, default=512)
+    parser.add_argument("--sequences", type=int, default=128)
+    args = parser.parse_args()
+    head = ["model", "params B", "GPUs", "ckpt", "states", "ref", "activations", "LM head",
+            "update", "rollout", *(f"fits {k}" for k in GPUS)]  # fmt: skip
+    print(
+        f"GB per GPU, computed (bf16-mixed, micro-batch {args.micro_rows} x {args.row_tokens} "
+        f"tokens, logits chunk {args.logits_chunk}, rollout {args.sequences} x "
+        f"{args.row_tokens} tokens; fits = max(update, rollout) <= 95 % of the GPU)"
+    )
+    print()
+    print("| " + " | ".join(head) + " |")
+    print("|" + "---|" * len(head))
+    for row in rows(args):
+        print("| " + " | ".join(row) + " |")
+
+
+if __name__ == "__main__":
+    main()

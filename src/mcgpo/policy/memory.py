@@ -1,0 +1,147 @@
+"""What a training run needs in GPU memory: a model's bytes, computed from its config.
+
+Everything here is arithmetic on a Qwen2 / Qwen3 config (:mod:`mcgpo.policy.shapes`); the
+parameter count is exact (tested against the model built on the meta device), the
+activation bytes are the tensors autograd saves for backward, counted op by op below and
+checked on the CPU against ``torch.autograd.graph.saved_tensors_hooks`` at small sizes.
+docs/training.md "Memory plan" prints :func:`plan` for the recipe's models.
+
+Activations per token of one decoder layer, bf16-mixed (fp32 residual stream, bf16 matmul
+inputs under autocast; h hidden, f MLP, q = heads x head_dim, k = kv heads x head_dim):
+
+    2 RMSNorms, each: fp32 input and normalised output (4h + 4h) + the bf16 cast (2h)   20h
+    rotary: q, k and their rotate_half (2q + 2q + 2k + 2k)                               4q + 4k
+    SDPA: q, k and v repeated to all heads (GQA with a padding mask), output (4 x 2q)   8q
+    o_proj input (2q)                                                                    2q
+    SwiGLU MLP: gate, up, silu(gate), product (4 x 2f)                                   8f
+    Qwen3's q/k RMSNorms: fp32 copy, normalised, bf16 cast (10 (q + k))
+
+In fp32 every 2 above becomes 4 and the casts vanish: 16h + 28q + 8k + 16f. With gradient
+checkpointing a layer keeps only its fp32 input (4h) and one layer at a time holds the
+full set while it is recomputed. The LM head (``train.logits_chunk`` positions per row at a
+time, all positions if 0) holds bf16 logits, their fp32 upcast and log-softmax, and for the
+entropy its exp: 14 bytes per vocabulary entry per position.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "MemoryPlan",
+    "activation_bytes_per_token",
+    "head_bytes",
+    "kv_cache_bytes_per_token",
+    "layer_bytes_per_token",
+    "parameter_count",
+    "plan",
+]
+
+GB = 1e9
+
+
+def _dims(config: Any) -> tuple[int, int, int, int, int]:
+    h, f = config.hidden_size, config.intermediate_size
+    d = getattr(config, "head_dim", None) or h // config.num_attention_heads
+    return h, f, config.num_attention_heads * d, config.num_key_value_heads * d, d
+
+
+def _qk_norm(config: Any) -> bool:
+    return config.model_type == "qwen3"
+
+
+def parameter_count(config: Any) -> int:
+    """Exact number of parameters of a Qwen2/Qwen3 causal LM with this config."""
+    h, f, q, k, d = _dims(config)
+    bias = bool(getattr(config, "attention_bias", config.model_type == "qwen2"))
+    attn = h * q + 2 * h * k + q * h + (q + 2 * k if bias else 0)
+    if _qk_norm(config):
+        attn += 2 * d  # q_norm and k_norm weights, one per head dimension
+    layer = attn + 3 * h * f + 2 * h  # MLP (gate, up, down) and two RMSNorm weights
+    embed = config.vocab_size * h
+    head = 0 if config.tie_word_embeddings else config.vocab_size * h
+    return config.num_hidden_layers * layer + embed + head + h  # + the final norm
+
+
+def layer_bytes_per_token(config: Any, precision: str = "bf16-mixed") -> int:
+    """Saved-for-backward bytes of one decoder layer per token (module docstring)."""
+    h, f, q, k, _ = _dims(config)
+    if precision == "fp32":
+        size = 16 * h + 28 * q + 8 * k + 16 * f
+        return size + (8 * (q + k) if _qk_norm(config) else 0)
+    size = 20 * h + 14 * q + 4 * k + 8 * f
+    return size + (10 * (q + k) if _qk_norm(config) else 0)
+
+
+def activation_bytes_per_token(
+    config: Any, *, precision: str = "bf16-mixed", checkpointing: bool = False
+) -> int:
+    """Bytes per token of every layer's saved activations at the backward's peak."""
+    layers, full = config.num_hidden_layers, layer_bytes_per_token(config, precision)
+    if not checkpointing:
+        return layers * full
+    return layers * 4 * config.hidden_size + full  # fp32 layer inputs + one recomputed layer
+
+
+def head_bytes(config: Any, rows: int, positions: int, chunk: int = 0) -> int:
+    """Bytes of the LM head's logits, log-softmax and entropy for ``rows x positions``."""
+    width = min(chunk, positions) if chunk else positions
+    return 14 * config.vocab_size * rows * width
+
+
+def kv_cache_bytes_per_token(config: Any, dtype_bytes: int = 2) -> int:
+    """Bytes of the sampler's key/value cache per token (all layers)."""
+    _, _, _, k, _ = _dims(config)
+    return config.num_hidden_layers * 2 * k * dtype_bytes
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """GB per GPU of one update and one rollout phase (computed, not measured)."""
+
+    params_b: float  # parameters, billions
+    states_gb: float  # weights + gradients + AdamW moments (sharded over the GPUs)
+    ref_gb: float  # frozen reference policy for the KL term (sharded likewise)
+    activations_gb: float  # one micro-batch's saved activations
+    head_gb: float  # LM head of one micro-batch
+    update_gb: float  # states + ref + activations + head
+    rollout_gb: float  # full weights + bf16 autocast copy + AdamW moments + ref + KV cache
+
+
+def plan(
+    config: Any,
+    *,
+    gpus: int = 1,
+    checkpointing: bool = True,
+    micro_rows: int = 8,
+    row_tokens: int = 2048,
+    logits_chunk: int = 512,
+    sequences: int = 128,
+    kl: bool = True,
+) -> MemoryPlan:
+    """The bf16-mixed memory of one GPU of ``gpus`` (FSDP2 shards states and reference).
+
+    States: 4 (fp32 weights) + 4 (gradients) + 8 (AdamW m, v) bytes per parameter, divided
+    by ``gpus``; the reference is an fp32 copy (4 bytes). Rollout: the sampler needs the
+    whole fp32 weights on each GPU (gathered under FSDP2) plus autocast's cached bf16 copy
+    (2 bytes per parameter), the sharded AdamW moments (gradients are freed), and the KV
+    cache of ``sequences`` rows of ``row_tokens`` tokens in bf16.
+    """
+    n = parameter_count(config)
+    states = 16 * n / gpus
+    ref = 4 * n / gpus if kl else 0.0
+    tokens = micro_rows * row_tokens
+    acts = tokens * activation_bytes_per_token(config, checkpointing=checkpointing)
+    head = head_bytes(config, micro_rows, row_tokens, logits_chunk)
+    kv = sequences * row_tokens * kv_cache_bytes_per_token(config)
+    rollout = 6 * n + 8 * n / gpus + ref + kv
+    return MemoryPlan(
+        params_b=n / 1e9,
+        states_gb=states / GB,
+        ref_gb=ref / GB,
+        activations_gb=acts / GB,
+        head_gb=head / GB,
+        update_gb=(states + ref + acts + head) / GB,
+        rollout_gb=rollout / GB,
+    )

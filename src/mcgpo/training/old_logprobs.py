@@ -1,0 +1,137 @@
+"""pi_old for the PPO ratio and the pair score: the sampler's log-probs, or a training forward.
+
+The sampler returns log pi_old of every sampled token (:mod:`mcgpo.rollout.sampler`). In
+float32 on the CPU they equal the training forward's to about 1e-6, and reusing them saves
+a pass. In bf16 they do not: the sampler runs one token at a time against a KV cache, the
+update runs whole sequences in micro-batches, and bf16 kernels round differently for each
+shape. Then the ratio ``exp(log pi_theta - log pi_old)`` is not 1 at theta = theta_old, and
+MCGPO's pair score ``d = mean(log pi_theta - log pi_old)`` over a row's response carries that
+rounding noise as if it were a preference. verl therefore recomputes pi_old with the actor
+before each update (its ``recompute_log_prob``, the default); ``train.old_logprobs`` chooses
+(``auto``: recompute unless ``train.precision`` is fp32).
+
+:func:`recompute_log_probs` runs the training forward without gradients over the update's
+own micro-batches, in the update's precision, so that the first optimiser step sees a ratio
+of exactly 1 (tested on CPU in bf16). :func:`mismatch_stats` measures sampler against
+training forward (metrics ``pi_old/*``, docs/training.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from mcgpo.objectives import response_log_ratio
+from mcgpo.policy.logprobs import token_log_probs
+from mcgpo.policy.precision import compute
+from mcgpo.rollout.tokens import TokenBatch
+from mcgpo.training.config import TrainConfig
+
+__all__ = ["at_old_stats", "mismatch_stats", "old_log_probs_for_update", "recompute_log_probs"]
+
+
+@torch.no_grad()
+def recompute_log_probs(
+    model: Any,
+    batch: TokenBatch,
+    micro_batches: Sequence[np.ndarray],
+    *,
+    precision: str,
+    chunk_size: int | None = None,
+    pad_passes: bool = False,
+) -> torch.Tensor:
+    """``[R, L]`` float32 log-probs of ``batch``'s response tokens by the training forward.
+
+    ``micro_batches``: row ids of each forward (the update's layout, so that every row is
+    computed in the same company, hence the same shapes, as in its training forward);
+    together they must cover every row once. The model's train/eval mode is left as it is
+    (the update calls this in train mode, as its own forward). 0 off the responses.
+    ``pad_passes``: an empty row set still runs a one-token forward (FSDP2, where every
+    forward all-gathers parameters, a collective: each rank makes the same number of passes).
+    """
+    device = next(model.parameters()).device
+    out = torch.zeros_like(batch.old_log_probs)
+    seen = np.zeros(len(batch), dtype=bool)
+    for rows in micro_batches:
+        if len(rows) == 0:
+            if pad_passes:
+                ids = torch.zeros((1, 1), dtype=torch.long, device=device)
+                model(input_ids=ids, attention_mask=torch.ones_like(ids))
+            continue
+        mb = batch.select(rows).to(device)
+        with compute(precision, device):
+            lp = token_log_probs(model, mb.input_ids, mb.attention_mask, chunk_size=chunk_size)
+        lp = torch.where(mb.response_mask, lp, torch.zeros_like(lp))
+        out[torch.as_tensor(rows), : lp.shape[1]] = lp.to(out.device)
+        seen[rows] = True
+    if not seen.all():
+        raise ValueError(f"micro_batches miss row {int(np.flatnonzero(~seen)[0])} of the batch")
+    return out
+
+
+def mismatch_stats(
+    sampler: torch.Tensor, training: torch.Tensor, response_mask: torch.Tensor
+) -> dict[str, float]:
+    """How far the sampler's pi_old is from the training forward's, on response tokens.
+
+    ``pi_old/max_abs_diff`` and ``pi_old/mean_abs_diff``: max and mean of
+    ``|log p_sampler - log p_training|`` over response tokens. ``pi_old/d_spread_sampler``:
+    the standard deviation over rows (with a response) of
+    ``d = mean(log p_training - log p_sampler)``, i.e. the spread of MCGPO's pair score at
+    theta = theta_old if pi_old were the sampler's (with the recomputed pi_old it is 0).
+    """
+    mask = response_mask.bool()
+    diff = (sampler.float() - training.float()).abs()[mask]
+    has = mask.any(1)
+    d = response_log_ratio(training.float(), sampler.float(), mask)[has]
+    if diff.numel() == 0:
+        return {}
+    return {
+        "pi_old/max_abs_diff": float(diff.max()),
+        "pi_old/mean_abs_diff": float(diff.mean()),
+        "pi_old/d_spread_sampler": float(d.std(unbiased=False)) if len(d) else 0.0,
+    }
+
+
+def old_log_probs_for_update(
+    model: Any,
+    batch: TokenBatch,
+    micro_batches: Sequence[np.ndarray],
+    cfg: TrainConfig,
+    *,
+    pad_passes: bool = False,
+) -> tuple[TokenBatch, dict[str, float]]:
+    """The batch with the pi_old the update uses, and the sampler-vs-training mismatch
+    (measured when pi_old is recomputed, or when ``train.old_logprobs_check`` asks)."""
+    recompute = cfg.recompute_old()
+    if not (recompute or cfg.old_logprobs_check):
+        return batch, {}
+    fresh = recompute_log_probs(
+        model,
+        batch,
+        micro_batches,
+        precision=cfg.precision,
+        chunk_size=cfg.logits_chunk or None,
+        pad_passes=pad_passes,
+    )
+    stats = mismatch_stats(batch.old_log_probs, fresh, batch.response_mask)
+    stats["pi_old/recomputed"] = float(recompute)
+    if recompute:
+        batch = dataclasses.replace(batch, old_log_probs=fresh)
+    return batch, stats
+
+
+def at_old_stats(probe: list[tuple[np.ndarray, float]]) -> dict[str, float]:
+    """The first optimiser step's view of pi_old: theta = theta_old there, so the ratio
+    should be 1 and d should be 0; their deviations are rounding (or a stale pi_old)."""
+    if not probe:
+        return {}
+    d = np.concatenate([rows for rows, _ in probe])
+    return {
+        "pi_old/ratio_max_dev_at_old": max(dev for _, dev in probe),
+        "pairs/d_spread_at_old": float(d.std()) if len(d) else 0.0,
+    }

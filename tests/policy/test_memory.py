@@ -1,0 +1,114 @@
+"""The memory plan's arithmetic (mcgpo.policy.memory) against models built on the meta
+device from the real configs, and against autograd's saved tensors of small real models."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mcgpo.policy.memory import (
+    activation_bytes_per_token,
+    kv_cache_bytes_per_token,
+    layer_bytes_per_token,
+    parameter_count,
+    plan,
+)
+from mcgpo.policy.precision import compute
+from mcgpo.policy.shapes import SHAPES, shaped_config
+
+# Parameters as the model cards state them (billions, rounded there to two decimals).
+PUBLISHED = {"qwen2.5-1.5b": 1.54, "qwen2.5-3b": 3.09, "qwen2.5-7b": 7.61, "qwen3-4b": 4.02,
+             "qwen3-8b": 8.19}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(SHAPES))
+def test_parameter_count_is_the_meta_models(name):
+    from transformers import AutoModelForCausalLM
+
+    config = shaped_config(name)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    assert parameter_count(config) == sum(p.numel() for p in model.parameters())
+    assert parameter_count(config) / 1e9 == pytest.approx(PUBLISHED[name], abs=0.006)
+
+
+def test_sizes_by_hand_for_qwen25_1_5b():
+    config = shaped_config("qwen2.5-1.5b")
+    # h 1536, f 8960, q = 12 x 128 = 1536, k = 2 x 128 = 256:
+    # bf16-mixed layer = 20h + 14q + 4k + 8f = 30720 + 21504 + 1024 + 71680 = 124928
+    assert layer_bytes_per_token(config) == 124_928
+    assert activation_bytes_per_token(config) == 28 * 124_928
+    # checkpointing: 28 fp32 layer inputs (4h = 6144) + one full layer
+    assert activation_bytes_per_token(config, checkpointing=True) == 28 * 6144 + 124_928
+    # KV cache: 28 layers x (k and v) x 256 x 2 bytes
+    assert kv_cache_bytes_per_token(config) == 28_672
+
+
+def test_fsdp_shards_the_states_and_not_the_activations():
+    config = shaped_config("qwen2.5-7b")
+    one, four = plan(config, gpus=1), plan(config, gpus=4)
+    assert four.states_gb == pytest.approx(one.states_gb / 4)
+    assert four.ref_gb == pytest.approx(one.ref_gb / 4)
+    assert four.activations_gb == one.activations_gb and four.head_gb == one.head_gb
+    n = parameter_count(config)
+    assert one.states_gb == pytest.approx(16 * n / 1e9)
+    no_ckpt = plan(config, checkpointing=False)
+    assert no_ckpt.activations_gb > 5 * one.activations_gb
+
+
+def _saved_bytes(model, ids, mask, precision: str) -> int:
+    """Bytes of the distinct storages autograd saves in one forward of the decoder."""
+    seen: dict[int, int] = {}
+
+    def pack(t):
+        storage = t.untyped_storage()
+        seen[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), compute(precision, "cpu"):
+        model.base_model(input_ids=ids, attention_mask=mask, use_cache=False)
+    return sum(seen.values())
+
+
+@pytest.mark.parametrize("name", ["qwen2.5-1.5b", "qwen3-4b"])
+@pytest.mark.parametrize("precision", ["fp32", "bf16-mixed"])
+def test_layer_bytes_match_autograds_saved_tensors(name, precision):
+    small = dict(hidden_size=128, intermediate_size=384, num_attention_heads=8,
+                 num_key_value_heads=2, vocab_size=300, head_dim=16)  # fmt: skip
+    per = _per_layer_token(name, precision, small, checkpointing=False)
+    computed = layer_bytes_per_token(shaped_config(name, **small), precision)
+    assert computed == pytest.approx(per, rel=0.08)
+
+
+def test_checkpointed_layers_keep_their_fp32_input_only():
+    small = dict(hidden_size=128, intermediate_size=384, num_attention_heads=8,
+                 num_key_value_heads=2, vocab_size=300)  # fmt: skip
+    per = _per_layer_token("qwen2.5-1.5b", "bf16-mixed", small, checkpointing=True)
+    assert per == pytest.approx(4 * 128, rel=0.05)  # 4h: the rest is recomputed in backward
+    config = shaped_config("qwen2.5-1.5b", num_hidden_layers=4, **small)
+    assert activation_bytes_per_token(config, checkpointing=True) == 4 * 512 + (
+        layer_bytes_per_token(config)
+    )
+
+
+def _per_layer_token(name: str, precision: str, small: dict, *, checkpointing: bool) -> float:
+    """Saved bytes per layer and token, from models of 2 and 4 layers at 2 lengths."""
+    from transformers import AutoModelForCausalLM
+
+    gen = torch.Generator().manual_seed(0)
+    measured = {}
+    for layers in (2, 4):
+        model = AutoModelForCausalLM.from_config(
+            shaped_config(name, num_hidden_layers=layers, **small)
+        ).train()
+        if checkpointing:
+            model.gradient_checkpointing_enable()
+            model.config.use_cache = False
+        for length in (32, 64):
+            ids = torch.randint(0, 300, (4, length), generator=gen)
+            mask = torch.ones_like(ids)
+            mask[0, :3] = 0  # a left-padded row, as the sampler's batches have
+            measured[layers, length] = _saved_bytes(model, ids, mask, precision)
+    # per layer and per token: the difference of differences removes the weights' bf16
+    # copies (per layer, not per token) and everything outside the layers
+    return (measured[4, 64] - measured[4, 32] - measured[2, 64] + measured[2, 32]) / 2 / (4 * 32)

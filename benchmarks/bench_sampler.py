@@ -12,8 +12,11 @@ the same. Two batches:
   siblings of a task share their prompt; the sampler runs each distinct prompt once);
 - ``64 distinct``: 64 different states (tasks 0-63 after 0-3 expert steps), as in later turns.
 
-Best of ``--repeats`` runs each, the two taking turns (the CPUs may be shared). The sampler also returns the
-per-token log-probs; generate returns only tokens.
+The sampler runs twice: with one generator for the batch (one ``torch.multinomial`` per
+step) and with one generator per row (what ``collect`` does: each row's uniforms drawn once
+per call, inverse CDF per step; ``rows/one`` is the ratio of their speeds). Best of
+``--repeats`` runs each, the three taking turns (the CPUs may be shared). The sampler also
+returns the per-token log-probs; generate returns only tokens.
 """
 
 from __future__ import annotations
@@ -77,7 +80,8 @@ def main() -> None:
     params = sum(p.numel() for p in model.parameters())
     print(f"model: tiny Qwen2 {params:,} parameters, vocab {len(tok)}; {new} new tokens per row")
     print(
-        f"{'batch':<15} {'prompt mean/max':>16} {'generate tok/s':>15} {'sampler tok/s':>14} {'ratio':>6}"
+        f"{'batch':<15} {'prompt mean/max':>16} {'generate tok/s':>15} {'sampler tok/s':>14} "
+        f"{'ratio':>6} {'per-row gen tok/s':>18} {'rows/one':>8}"
     )
     for name, distinct in (("group turn 0", False), ("64 distinct", True)):
         prompts = household_prompts(tok, distinct=distinct)
@@ -93,6 +97,13 @@ def main() -> None:
                 pad_token_id=tok.pad_token_id, generator=torch.Generator().manual_seed(0),
             )  # fmt: skip
 
+        def ours_rows(prompts=prompts):
+            sample(
+                model, prompts, temperature=1.0, max_new_tokens=new, eos_token_id=[-1],
+                pad_token_id=tok.pad_token_id,
+                generator=[torch.Generator().manual_seed(i) for i in range(len(prompts))],
+            )  # fmt: skip
+
         def hf(ids=ids, mask=mask):
             with torch.inference_mode():
                 model.generate(
@@ -102,11 +113,12 @@ def main() -> None:
                 )  # fmt: skip
 
         tokens = len(prompts) * new
-        t_hf, t_ours = best_times([hf, ours], args.repeats)
+        t_hf, t_ours, t_rows = best_times([hf, ours, ours_rows], args.repeats)
         lengths = [len(p) for p in prompts]
         print(
             f"{name:<15} {sum(lengths) / len(lengths):>9.0f} / {max(lengths):<4} "
-            f"{tokens / t_hf:>15,.0f} {tokens / t_ours:>14,.0f} {t_hf / t_ours:>5.2f}x"
+            f"{tokens / t_hf:>15,.0f} {tokens / t_ours:>14,.0f} {t_hf / t_ours:>5.2f}x "
+            f"{tokens / t_rows:>18,.0f} {t_ours / t_rows:>7.2f}x"
         )
 
 

@@ -217,6 +217,8 @@ def test_household_integration():
         ({"history": -1}, "history must be >= 0, got -1"),
         ({"max_prompt_tokens": 0}, "max_prompt_tokens must be >= 1 or None, got 0"),
         ({"response_format": "json"}, "unknown response_format 'json'"),
+        ({"group_offset": -1}, "group_offset must be an integer >= 0, got -1"),
+        ({"group_offset": True}, "group_offset must be an integer >= 0, got True"),
     ],
 )
 def test_options_are_checked_when_built(options, message):

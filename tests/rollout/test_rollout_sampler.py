@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mcgpo.policy import token_log_probs
 from mcgpo.rollout import TokenBatch, sample
@@ -155,3 +157,82 @@ def test_bad_arguments_are_rejected(counter_policy):
         draw(model, tok, p, prefill_rows=0)
     with pytest.raises(ValueError, match="eos_token_id is empty"):
         draw(model, tok, p, eos_token_id=[])
+
+
+# -- one generator per row ---------------------------------------------------------------
+
+
+def row_draw(model, tok, prompts, seeds, **kw):
+    """Sample with one generator per row, row i's seeded with ``seeds[i]``."""
+    kw.setdefault("temperature", 1.0)
+    kw.setdefault("max_new_tokens", 8)
+    kw.setdefault("eos_token_id", tok.eos_token_id)
+    gens = [torch.Generator().manual_seed(s) for s in seeds]
+    return sample(model, prompts, pad_token_id=tok.pad_token_id, generator=gens, **kw)
+
+
+def test_inverse_cdf_golden_values():
+    from mcgpo.rollout.sampler import _inverse_cdf
+
+    # p = [0.2, 0, 0.5, 0.3]: cdf = [0.2, 0.2, 0.7, 1.0]; the token is the first k with
+    # cdf[k] > u, so u in [0, 0.2) -> 0, [0.2, 0.7) -> 2 (token 1 has p = 0: never), rest -> 3
+    p = torch.tensor([[0.2, 0.0, 0.5, 0.3]] * 6)
+    u = torch.tensor([0.0, 0.1999, 0.2, 0.6999, 0.7, 0.99999])
+    assert _inverse_cdf(p, u).tolist() == [0, 0, 2, 2, 3, 3]
+    # unnormalised rows are scaled by their sum: p = [1, 1, 2] -> cdf/4 = [0.25, 0.5, 1]
+    q = torch.tensor([[1.0, 1.0, 2.0]] * 3)
+    assert _inverse_cdf(q, torch.tensor([0.24, 0.25, 0.5])).tolist() == [0, 1, 2]
+
+
+def test_inverse_cdf_draws_follow_the_distribution():
+    from mcgpo.rollout.sampler import _inverse_cdf
+
+    p = torch.tensor([0.1, 0.0, 0.6, 0.25, 0.05])
+    n = 40_000
+    u = torch.rand(n, generator=torch.Generator().manual_seed(0))
+    counts = torch.bincount(_inverse_cdf(p.expand(n, -1), u), minlength=5).double() / n
+    # binomial SD of a share is at most sqrt(0.25 / 40000) = 0.0025; 4 SD = 0.01
+    assert torch.allclose(counts, p.double(), atol=0.01, rtol=0)
+    assert counts[1] == 0
+
+
+@settings(max_examples=12, deadline=None)
+@given(st.lists(st.integers(0, 5), min_size=1, max_size=6), st.booleans())
+def test_a_row_draws_the_same_alone_or_in_any_batch(counter_policy, picks, early_stop):
+    """Row i (prompt i, generator seeded 100 + i) samples the same tokens whatever rows share
+    its batch, duplicates included; with ``early_stop`` an EOS id the policy emits ends some
+    rows early, and the other rows' streams do not move."""
+    model, tok = counter_policy
+    pool = prompts_of_lengths(tok, [3, 9, 14, 20, 26, 31])
+    eos = [-1]
+    if early_stop:  # the second token of prompt 0's own stream
+        eos = [row_draw(model, tok, [pool[0]], [100], eos_token_id=[-1]).response_ids[0][1]]
+    batch = row_draw(
+        model, tok, [pool[i] for i in picks], [100 + i for i in picks], eos_token_id=eos
+    )
+    if early_stop and 0 in picks:
+        assert len(batch.response_ids[picks.index(0)]) <= 2  # it did stop early
+    for j, i in enumerate(picks):
+        solo = row_draw(model, tok, [pool[i]], [100 + i], eos_token_id=eos)
+        assert batch.response_ids[j] == solo.response_ids[0]
+        assert batch.log_probs[j] == pytest.approx(solo.log_probs[0], abs=1e-5)
+
+
+def test_row_generators_seeds_matter_and_greedy_ignores_them(counter_policy):
+    model, tok = counter_policy
+    prompts = prompts_of_lengths(tok, [5, 5, 5, 5, 12, 12, 12, 12])
+    a = row_draw(model, tok, prompts, range(8), eos_token_id=[-1])
+    assert a == row_draw(model, tok, prompts, range(8), eos_token_id=[-1])
+    assert len({tuple(r) for r in a.response_ids}) > 2  # rows sharing a prompt still differ
+    b = row_draw(model, tok, prompts, range(8, 16), eos_token_id=[-1])
+    assert a.response_ids != b.response_ids
+    greedy = {"temperature": 0.0, "eos_token_id": [-1]}
+    assert row_draw(model, tok, prompts, range(8), **greedy) == draw(
+        model, tok, prompts, max_new_tokens=8, **greedy
+    )
+
+
+def test_a_generator_per_row_needs_one_per_prompt(counter_policy):
+    model, tok = counter_policy
+    with pytest.raises(ValueError, match="generator: 1 generators for 2 prompts"):
+        row_draw(model, tok, prompts_of_lengths(tok, [4, 6]), [0])

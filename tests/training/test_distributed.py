@@ -1,9 +1,10 @@
 """Training across processes (gloo on CPU): the batch split, the merge, and 2 ranks vs 1.
 
-The equivalence runs sample at temperature 0.001: one torch generator serves the whole
-batch in :func:`mcgpo.rollout.collect` today, so at T = 1 a rank holding half the groups
-draws other numbers than the single process (docs/scale-out.md, "Sampling"); at T = 0.001
-every draw is the arg-max, which depends on the policy only.
+Sampling does not depend on the rank: every environment draws from its own generator,
+seeded from (seed, update, global group index, slot) (:mod:`mcgpo.rollout.collect`), so 2
+ranks and 1 process sample the same rollouts at the preset's temperature 1 (tested below).
+The other runs sample at temperature 0.001 (every draw is the arg-max, a function of the
+policy only), which keeps them independent of that rule.
 """
 
 from __future__ import annotations
@@ -25,6 +26,12 @@ from mcgpo.steps import StepTable
 from mcgpo.training.distributed import World, merge_metrics, rank_block, union_tables
 
 GREEDY = ("--rollout.temperature", "0.001", "--eval.temperature", "0.001", "--tensorboard", "false")
+# the preset's sampling (T = 1 rollouts, T = 0.4 evaluation) with one-token actions: with
+# the preset's 4 tokens the micro policy's actions all pass the format check, every reward is
+# 0 and so is every advantage; with 1 token some actions are empty (format penalty -0.1), so
+# the advantages compared below are not all 0. (No pairs: random actions rarely repeat, so
+# MCGPO finds no supported candidate; pairs are compared all the same.)
+PRESET = ("--tensorboard", "false", "--rollout.max_new_tokens", "1")
 
 
 @given(st.integers(0, 50), st.integers(1, 8))
@@ -102,14 +109,16 @@ def _rows(folder: Path, update: int, ranks: int):
 
 
 @pytest.mark.slow
-def test_two_processes_train_as_one(tmp_path, smoke_args):
-    """2 ranks vs 1 process: the same rows, advantages and pairs at every update, and final
-    weights within 1e-5. The residual (about 1e-7 here) is float rounding: each rank cuts its
-    half of a mini-batch into its own micro-batches and DDP sums the two halves' gradients,
-    so the sums run in another order; the loss normalisers are the global counts."""
+@pytest.mark.parametrize("sampling", [PRESET, GREEDY], ids=["preset-T1", "greedy"])
+def test_two_processes_train_as_one(tmp_path, smoke_args, sampling):
+    """2 ranks vs 1 process: the same rows, advantages and pairs at every update, the same
+    evaluations, and final weights within 1e-5. The residual (about 1e-7 here) is float
+    rounding: each rank cuts its half of a mini-batch into its own micro-batches and DDP sums
+    the two halves' gradients, so the sums run in another order; the loss normalisers are
+    the global counts."""
     one, two = tmp_path / "one", tmp_path / "two"
-    assert main(smoke_args(one, *GREEDY, "--save-rollouts")) == 0
-    _launch(smoke_args(two, *GREEDY, "--save-rollouts", "--nproc", "2"))
+    assert main(smoke_args(one, *sampling, "--save-rollouts")) == 0
+    _launch(smoke_args(two, *sampling, "--save-rollouts", "--nproc", "2"))
     for update in (1, 2):
         a, b = _rows(one, update, 1), _rows(two, update, 2)
         assert len(a) == len(b) > 0
@@ -118,6 +127,14 @@ def test_two_processes_train_as_one(tmp_path, smoke_args):
             assert a[column].tolist() == b[column].tolist(), column
         np.testing.assert_allclose(a["advantage"], b["advantage"], rtol=0, atol=1e-12)
         np.testing.assert_array_equal(a["pair_weight"], b["pair_weight"])
+        assert (a["advantage"] != 0).any()
+    from mcgpo.training.metrics import read_metrics
+
+    evals = [
+        [{k: v for k, v in r.items() if k.startswith("eval/") and k != "eval/time"} for r in rs]
+        for rs in (read_metrics(one / "metrics.jsonl"), read_metrics(two / "metrics.jsonl"))
+    ]
+    assert evals[0] == evals[1] and any(evals[0])
     wa, wb = _weights(one / "model"), _weights(two / "model")
     assert max(float((wa[k] - wb[k]).abs().max()) for k in wa) < 1e-5
     assert "config.toml" in os.listdir(two) and "nproc = 2" in (two / "config.toml").read_text()

@@ -8,6 +8,13 @@ rows get ``group = g`` (the position in ``tasks``; a seed listed twice gives two
 :func:`~mcgpo.rollout.sampler.sample` call; the parsed actions go through one
 ``EnvPool.step``.
 
+Sampling: every environment draws its tokens from its own generator, seeded from
+``(seed, group_offset + g, slot)`` (:func:`sampling_generators`), and the sampler draws each
+row from its own generator. So a group's rollout depends on the seed, its global group index
+and the policy only, not on the other groups of the call: a rank that plays global groups
+``k .. k + G/W - 1`` (``group_offset = k``) samples exactly what one process playing all G
+groups samples for them. ``group_offset`` changes nothing else (rows keep ``group = g``).
+
 One StepTable row per agent turn, with the context of the observation *before* the action
 (``anchor``, ``state``, ``state_coarse``, ``progress``, ``enabled``, ``progress_value``),
 ``next_anchor`` / ``next_progress_value`` from the observation after it, the step reward and
@@ -36,21 +43,20 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 import torch
 
 from mcgpo.envs.pool import DEFAULT_STEP_TIMEOUT, EnvPool
-from mcgpo.envs.protocol import Env, Observation, StepResult
+from mcgpo.envs.protocol import Env, Observation
 from mcgpo.rollout.parsing import parse_action
 from mcgpo.rollout.prompts import default_response_format, prompt_ids, stop_strings
+from mcgpo.rollout.records import Rollout, Tally, Trajectory, assemble, record_turn
 from mcgpo.rollout.sampler import sample
-from mcgpo.rollout.tokens import TokenBatch
-from mcgpo.steps import StepTable
 
-__all__ = ["DEFAULT_MAX_NEW_TOKENS", "CollectOptions", "Rollout", "collect"]
+__all__ = ["DEFAULT_MAX_NEW_TOKENS", "CollectOptions", "Rollout", "collect", "sampling_generators"]
 
 # Response budget per format: the recipe's 512 for reasoning responses (reference §1.4);
 # an action line is a handful of tokens.
@@ -74,7 +80,8 @@ class CollectOptions:
     max_turns: int | None = None  # turn limit; None: each environment's max_turns
     max_new_tokens: int | None = None  # response budget; None: 512 for "think", 32 for "action"
     response_format: str | None = None  # "think" or "action"; None: by the tokenizer
-    seed: int = 0  # seeds the sampling generator: same seed and weights, same rollout
+    seed: int = 0  # seeds the sampling generators: same seed and weights, same rollout
+    group_offset: int = 0  # global index of tasks[0]'s group (a rank's block); seeds only
     max_prompt_tokens: int | None = None  # prompt budget (module docstring); None: no limit
     workers: int = 0  # environment worker processes; 0: step in this process
     step_timeout: float = DEFAULT_STEP_TIMEOUT  # seconds per step in a worker (workers > 0)
@@ -92,65 +99,17 @@ class CollectOptions:
                 raise ValueError(f"{name} must be >= 1 or None, got {value}")
         if self.response_format is not None:
             stop_strings(self.response_format)  # an unknown format is named
-        if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 0:
-            raise ValueError(f"workers must be an integer >= 0, got {self.workers!r}")
+        for name in ("workers", "group_offset"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
         if not self.step_timeout > 0 or self.step_timeout == float("inf"):
             raise ValueError(f"step_timeout must be a finite number > 0, got {self.step_timeout}")
 
 
-@dataclass(frozen=True, eq=False)
-class Rollout:
-    """One batch of group rollouts; ``tokens`` row i belongs to ``table`` row i."""
-
-    table: StepTable  # [R] rows, ordered by (group, slot, turn)
-    tokens: TokenBatch  # [R, L] prompt + response tokens of each row
-    stats: dict[str, float]  # success rate, mean turns, invalid rate, tokens, seconds, ...
-    responses: tuple[str, ...] = field(default=())  # [R] decoded response text of each row
-    errors: dict[int, str] = field(default_factory=dict)  # traj id -> environment error message
-
-    def learnable(self) -> Rollout:
-        """The rows of trajectories that did not hit an environment error (what is learned
-        from); ``stats`` are kept, ``errors`` dropped."""
-        keep = np.flatnonzero(~self.table.errored)
-        return Rollout(
-            self.table.select(keep),
-            self.tokens.select(keep),
-            self.stats,
-            tuple(self.responses[i] for i in keep) if self.responses else (),
-            {},
-        )
-
-
-@dataclass
-class _Trajectory:
-    """Rows and token pieces of one environment, filled turn by turn."""
-
-    rows: list[dict[str, Any]] = field(default_factory=list)
-    prompts: list[list[int]] = field(default_factory=list)
-    responses: list[list[int]] = field(default_factory=list)
-    log_probs: list[list[float]] = field(default_factory=list)
-    texts: list[str] = field(default_factory=list)
-    past: list[tuple[str, str]] = field(default_factory=list)
-    inadmissible: int = 0
-    done: bool = False
-    info: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class _Tally:
-    """Counters of one collection: prompt-budget fallbacks, tokens, seconds."""
-
-    no_history: int = 0  # prompts re-rendered without history
-    cut: int = 0  # prompts whose oldest tokens were cut
-    truncated: int = 0  # responses cut by the token budget
-    generated: int = 0  # sampled tokens
-    sample_seconds: float = 0.0
-    env_seconds: float = 0.0
-
-
 @dataclass(frozen=True)
 class _Sampling:
-    """What every turn samples with: the policy, the response format and the generator."""
+    """What every turn samples with: the policy, the response format and the generators."""
 
     model: Any
     tokenizer: Any
@@ -160,7 +119,7 @@ class _Sampling:
     stops: tuple[str, ...]
     eos: list[int]
     pad: int
-    generator: torch.Generator
+    generators: list[torch.Generator]  # [G * N] one per environment (sampling_generators)
 
 
 def collect(
@@ -182,10 +141,10 @@ def collect(
     if len(tasks) == 0:
         raise ValueError("tasks is empty: give at least one task seed")
     start = time.perf_counter()
-    sampling = _sampling(model, tokenizer, options)
     n_env = len(tasks) * options.group_size
+    sampling = _sampling(model, tokenizer, options, n_env)
     seeds = [int(tasks[e // options.group_size]) for e in range(n_env)]
-    tally = _Tally()
+    tally = Tally()
     with _pool(env_factory, n_env, options) as pool:
         limits = [options.max_turns or turns for turns in pool.max_turns]
         t_env = time.perf_counter()
@@ -193,7 +152,7 @@ def collect(
         tally.env_seconds += time.perf_counter() - t_env
         current: list[Observation | None] = list(first)
         task_type = ["" if o is None else o.task_type for o in first]
-        trajs = [_Trajectory() for _ in range(n_env)]
+        trajs = [Trajectory() for _ in range(n_env)]
         while True:
             live = [
                 e
@@ -207,7 +166,7 @@ def collect(
                 break
             _play_turn(sampling, pool, live, current, trajs, task_type, tally)
     errored = [bool(pool.errored[e]) for e in range(n_env)]
-    rollout = _assemble(trajs, errored, sampling.pad, tally, start)
+    rollout = assemble(trajs, errored, sampling.pad, tally, start)
     return replace(rollout, errors={int(e): str(m) for e, m in pool.errors.items()})
 
 
@@ -220,8 +179,8 @@ def _pool(env_factory: Callable[[], Env], n_env: int, opts: CollectOptions) -> E
     )
 
 
-def _sampling(model: Any, tokenizer: Any, opts: CollectOptions) -> _Sampling:
-    """Resolve the response format and token budget; seed the generator on the model's device."""
+def _sampling(model: Any, tokenizer: Any, opts: CollectOptions, n_env: int) -> _Sampling:
+    """Resolve the response format and token budget; seed the generators on the model's device."""
     fmt = opts.response_format or default_response_format(tokenizer)
     budget = DEFAULT_MAX_NEW_TOKENS[fmt] if opts.max_new_tokens is None else opts.max_new_tokens
     device = next(model.parameters()).device
@@ -235,8 +194,24 @@ def _sampling(model: Any, tokenizer: Any, opts: CollectOptions) -> _Sampling:
         stops=stop_strings(fmt),
         eos=eos,
         pad=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos),
-        generator=torch.Generator(device=device).manual_seed(opts.seed),
+        generators=sampling_generators(opts, n_env // opts.group_size, device),
     )
+
+
+def sampling_generators(
+    opts: CollectOptions, groups: int, device: torch.device | str = "cpu"
+) -> list[torch.Generator]:
+    """One generator per environment ``e = g * N + slot``, seeded from
+    ``SeedSequence([opts.seed, opts.group_offset + g, slot])`` (64 bits): a trajectory's
+    random stream depends on the seed and on its *global* group and slot, not on which
+    other groups this call (this rank) plays (docs/rollout.md, item 27)."""
+    out = []
+    for g in range(groups):
+        for slot in range(opts.group_size):
+            entropy = [opts.seed, opts.group_offset + g, slot]
+            state = np.random.SeedSequence(entropy).generate_state(1, dtype=np.uint64)[0]
+            out.append(torch.Generator(device=device).manual_seed(int(state)))
+    return out
 
 
 def _play_turn(
@@ -244,9 +219,9 @@ def _play_turn(
     pool: Any,
     live: list[int],
     current: list[Observation | None],
-    trajs: list[_Trajectory],
+    trajs: list[Trajectory],
     task_type: list[str],
-    tally: _Tally,
+    tally: Tally,
 ) -> None:
     """One turn of every live environment: one sampler call, one ``EnvPool.step``."""
     opts, tokenizer = s.options, s.tokenizer
@@ -255,7 +230,7 @@ def _play_turn(
     out = sample(
         s.model, prompts, temperature=opts.temperature, max_new_tokens=s.budget,
         eos_token_id=s.eos, pad_token_id=s.pad, stop_strings=s.stops, tokenizer=tokenizer,
-        generator=s.generator,
+        generator=[s.generators[e] for e in live],
     )  # fmt: skip
     tally.sample_seconds += time.perf_counter() - t0
     texts = tokenizer.batch_decode(out.response_ids, skip_special_tokens=True)
@@ -277,7 +252,7 @@ def _play_turn(
         obs, res = current[e], results[e]
         assert obs is not None
         action, valid = parsed[j]
-        _record(trajs[e], obs, res, action, valid, e, opts.group_size, task_type[e])
+        record_turn(trajs[e], obs, res, action, valid, e, opts.group_size, task_type[e])
         tr = trajs[e]
         tr.prompts.append(prompts[j])
         tr.responses.append(ids)
@@ -303,7 +278,7 @@ def _eos_ids(model: Any, tokenizer: Any) -> list[int]:
 
 
 def _prompt_ids(
-    s: _Sampling, obs: Observation | None, past: list[tuple[str, str]], tally: _Tally
+    s: _Sampling, obs: Observation | None, past: list[tuple[str, str]], tally: Tally
 ) -> list[int]:
     """:func:`~mcgpo.rollout.prompts.prompt_ids`, counting the budget fallbacks."""
     assert obs is not None
@@ -323,114 +298,3 @@ def _prompt_ids(
     elif fit == "cut":
         tally.cut += 1
     return ids
-
-
-def _record(
-    tr: _Trajectory,
-    obs: Observation,
-    res: StepResult,
-    action: str,
-    valid: bool,
-    e: int,
-    group_size: int,
-    task_type: str,
-) -> None:
-    ctx, nxt = obs.context, res.observation.context
-    tr.rows.append(
-        {
-            "group": e // group_size,
-            "traj": e,
-            "slot": e % group_size,
-            "turn": len(tr.rows),
-            "reward": float(res.reward),
-            "done": bool(res.done),
-            "action": action,
-            "action_valid": bool(valid),
-            "anchor": ctx.anchor,
-            "next_anchor": nxt.anchor,
-            "state": ctx.state,
-            "state_coarse": ctx.state_coarse,
-            "progress": ctx.progress,
-            "enabled": ctx.enabled,
-            "progress_value": float(ctx.progress_value),
-            "next_progress_value": float(nxt.progress_value),
-            "task_type": task_type,
-        }
-    )
-    tr.past.append((obs.text, action))
-    tr.inadmissible += not res.info.get("action_valid", True)
-    tr.done = bool(res.done)
-    tr.info = res.info
-
-
-def _assemble(
-    trajs: list[_Trajectory],
-    errored: list[bool],
-    pad: int,
-    tally: _Tally,
-    start: float,
-) -> Rollout:
-    rows: list[dict[str, Any]] = []
-    prompts: list[list[int]] = []
-    responses: list[list[int]] = []
-    log_probs: list[list[float]] = []
-    texts: list[str] = []
-    for e, tr in enumerate(trajs):
-        success = float(bool(tr.info.get("won", False)))
-        score = float(tr.info.get("score", 0.0))
-        for row in tr.rows:
-            rows.append({**row, "success": success, "score": score, "errored": errored[e]})
-        prompts += tr.prompts
-        responses += tr.responses
-        log_probs += tr.log_probs
-        texts += tr.texts
-    table = StepTable.from_records(rows)
-    tokens = TokenBatch.from_sequences(prompts, responses, log_probs, pad_token_id=pad)
-    stats = _stats(trajs, errored, table, tokens, tally)
-    stats["seconds"] = time.perf_counter() - start
-    stats["sample_seconds"] = tally.sample_seconds
-    stats["env_seconds"] = tally.env_seconds
-    return Rollout(table, tokens, stats, tuple(texts))
-
-
-def _stats(
-    trajs: list[_Trajectory],
-    errored: list[bool],
-    table: StepTable,
-    tokens: TokenBatch,
-    tally: _Tally,
-) -> dict[str, float]:
-    ok = [e for e, tr in enumerate(trajs) if not errored[e] and tr.rows]
-    rows_ok = ~table.errored
-    n_rows = int(rows_ok.sum())
-    resp = tokens.response_lengths().numpy()
-    prompt = tokens.sequence_lengths().numpy() - resp
-    stats: dict[str, float] = {
-        "trajectories": float(len(trajs)),
-        "errored_trajectories": float(sum(errored)),
-        "rows": float(len(table)),
-        "success_rate": _mean([float(bool(trajs[e].info.get("won"))) for e in ok]),
-        "score_mean": _mean([float(trajs[e].info.get("score", 0.0)) for e in ok]),
-        "mean_turns": _mean([float(len(trajs[e].rows)) for e in ok]),
-        "invalid_rate": float((~table.action_valid[rows_ok]).mean()) if n_rows else 0.0,
-        "inadmissible_rate": sum(trajs[e].inadmissible for e in ok) / max(n_rows, 1),
-        "tokens_generated": float(tally.generated),
-        "response_tokens_mean": float(resp.mean()) if len(resp) else 0.0,
-        "prompt_tokens_mean": float(prompt.mean()) if len(prompt) else 0.0,
-        "prompt_tokens_max": float(prompt.max()) if len(prompt) else 0.0,
-        "responses_truncated": float(tally.truncated),
-        "prompts_no_history": float(tally.no_history),
-        "prompts_cut": float(tally.cut),
-    }
-    by_type: dict[str, list[float]] = {}
-    for e in ok:
-        kind = str(trajs[e].rows[0]["task_type"])
-        if kind:
-            by_type.setdefault(kind, []).append(float(bool(trajs[e].info.get("won"))))
-    for kind, values in sorted(by_type.items()):
-        stats[f"success_rate/{kind}"] = _mean(values)
-    return stats
-
-
-def _mean(values: list[float]) -> float:
-    return float(np.mean(values)) if values else 0.0

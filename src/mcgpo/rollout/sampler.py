@@ -20,8 +20,23 @@ to stop), at the first token that completes a stop string (kept; the text after 
 string inside that token is kept too), or after ``max_new_tokens``. Finished rows are dropped
 from the batch and from the cache, so the remaining rows run faster.
 
-Determinism: given the same model, prompts and ``torch.Generator`` state the output is the
-same (draws use ``torch.multinomial`` with that generator, one call per step).
+Determinism: given the same model, prompts and generator state(s) the output is the same.
+Two ways to draw at ``temperature > 0``:
+
+- ``generator`` one ``torch.Generator`` (or None): one ``torch.multinomial`` call per step
+  for the whole batch, so a row's tokens depend on which other rows share the batch;
+- ``generator`` a sequence of generators, one per prompt: **each row draws from its own**.
+  At the start of the call row i takes ``max_new_tokens`` uniforms ``u[i, :]`` from its
+  generator (one ``torch.rand`` call, on that generator's device, whether or not the row
+  uses them all), and at step t its token is the inverse CDF of its own distribution at
+  ``u[i, t]``: the first token k with ``cumsum(p)[k] > u[i, t] * sum(p)``, ``p =
+  softmax(logits / T)`` (so a token of probability 0 is never drawn). A row's tokens then
+  depend on its prompt, its generator and the model only: the same alone or in any batch,
+  and a row that finishes early shifts no other row's stream. (The logits of a row can
+  differ in the last float bits between batch compositions, as in any batched forward pass;
+  a draw changes only if its uniform lies within that rounding of a CDF step.)
+
+Greedy (``temperature == 0``) ignores the generators.
 """
 
 from __future__ import annotations
@@ -61,7 +76,7 @@ def sample(
     pad_token_id: int | None = None,
     stop_strings: Sequence[str] = (),
     tokenizer: Any = None,
-    generator: torch.Generator | None = None,
+    generator: torch.Generator | Sequence[torch.Generator] | None = None,
     prefill_rows: int = 8,
 ) -> Samples:
     """Sample one response per prompt; see the module docstring for the exact semantics.
@@ -76,7 +91,8 @@ def sample(
         stop_strings: texts that end a response once the decoded response contains one
             (e.g. ``"</action>"``, ``"\\n"``); need ``tokenizer``.
         tokenizer: decodes sampled tokens for the stop-string check.
-        generator: torch generator for the draws, on the model's device.
+        generator: one torch generator for the whole batch (on the model's device), or one
+            generator per prompt, each row then drawn from its own (module docstring).
         prefill_rows: distinct prompts per prefill pass (sorted by length, see
             ``_prefill``); a speed knob only, results agree to float rounding.
     """
@@ -97,6 +113,10 @@ def sample(
     for i, p in enumerate(prompts_ids):
         if len(p) == 0:
             raise ValueError(f"prompt {i} is empty")
+    if generator is not None and not isinstance(generator, torch.Generator):
+        generator = list(generator)
+        if len(generator) != n:
+            raise ValueError(f"generator: {len(generator)} generators for {n} prompts")
     pad = min(eos) if pad_token_id is None else int(pad_token_id)
     device = next(model.parameters()).device
     was_training = model.training
@@ -219,7 +239,7 @@ def _sample(
     pad: int,
     stops: Sequence[str],
     tokenizer: Any,
-    generator: torch.Generator | None,
+    generator: torch.Generator | list[torch.Generator] | None,
     device: torch.device,
     prefill_rows: int,
 ) -> Samples:
@@ -235,10 +255,15 @@ def _sample(
     keep_chars = max((len(s) for s in stops), default=0)
     pieces: dict[int, str] = {}
     eos_tensor = torch.tensor(sorted(eos), device=device)
+    uniforms = None  # [rows, max_new_tokens]: each row's own draws (a generator per row)
+    if isinstance(generator, list) and temperature > 0:
+        uniforms = _row_uniforms(generator, max_new_tokens, device)
     for step in range(max_new_tokens):
         logp = torch.log_softmax(logits, dim=-1)
         if temperature == 0:
             token = logits.argmax(-1)
+        elif uniforms is not None:
+            token = _inverse_cdf(torch.softmax(logits / temperature, dim=-1), uniforms[:, step])
         else:
             probs = torch.softmax(logits / temperature, dim=-1)
             token = torch.multinomial(probs, 1, generator=generator).squeeze(1)
@@ -266,6 +291,7 @@ def _sample(
             index = torch.tensor(keep, device=device)
             cache.batch_select_indices(index)
             mask, next_pos, token = mask[index], next_pos[index], token[index]
+            uniforms = None if uniforms is None else uniforms[index]
             rows = [rows[j] for j in keep]
         mask = torch.cat([mask, mask.new_ones((len(rows), 1))], dim=1)
         out = model(
@@ -275,3 +301,21 @@ def _sample(
         logits = out.logits[:, -1].float()
         next_pos = next_pos + 1
     return Samples(responses, log_probs)
+
+
+def _row_uniforms(
+    generators: list[torch.Generator], steps: int, device: torch.device
+) -> torch.Tensor:
+    """``steps`` uniforms in [0, 1) from each row's generator (drawn on the generator's own
+    device), stacked as [rows, steps] float32 on ``device``."""
+    return torch.stack(
+        [torch.rand(steps, generator=g, device=g.device).to(device) for g in generators]
+    )
+
+
+def _inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Row i's token: the first k with ``cumsum(probs[i])[k] > u[i] * sum(probs[i])`` [b]."""
+    cdf = probs.cumsum(-1)
+    target = (u * cdf[:, -1]).unsqueeze(1).contiguous()
+    token = torch.searchsorted(cdf, target, right=True).squeeze(1)
+    return token.clamp_(max=probs.shape[-1] - 1)

@@ -12,6 +12,7 @@ rates, as they are left out of learning.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -76,7 +77,10 @@ def evaluate(setup: RunSetup, world: World = SINGLE) -> dict[str, float]:
         group_size=1,
         seed=eval_seed(cfg.seed),
     )
-    tasks = list(rank_block(cfg.eval.tasks, world))
+    block = rank_block(cfg.eval.tasks, world)
+    tasks = list(block)
+    # each episode's sampling stream follows its global index, whichever rank plays it
+    options = dataclasses.replace(options, group_offset=block.start)
     table = None
     if tasks:  # a rank can have no task when there are fewer tasks than ranks
         table = collect(setup.model, setup.tokenizer, setup.make_env, tasks, options).table

@@ -20,6 +20,7 @@ One update (reference/algorithms.md 1.4):
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
@@ -81,6 +82,8 @@ def _train(run: Run) -> Table:
             group_size=cfg.rollout.group_size,
             seed=rollout_seed(cfg.seed, update),
         )
+        # the sampling streams follow the global group index: rank-independent rollouts
+        options = dataclasses.replace(options, group_offset=block.start)
         memory = PeakMemory.start(cfg.device, "rollout")
         with compute(cfg.train.precision, cfg.device):  # the sampler in the update's precision
             rollout = collect(run.model, run.tokenizer, run.make_env, tasks, options)

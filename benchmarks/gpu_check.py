@@ -384,12 +384,13 @@ def table(check: Check, results: dict[str, list[Row]], seconds: float) -> str:
     import transformers
 
     name = torch.cuda.get_device_name() if check.device.type == "cuda" else platform.processor()
+    params = sum(p.numel() for p in check.model.parameters()) if check.model is not None else 0
     lines = [
         f"# gpu_check {'(CPU dry run, tiny model)' if check.dry else '(Qwen2.5-1.5B shape, bf16)'}",
         "",
         f"{datetime.date.today()}, {check.device.type} {name or platform.machine()}, "
         f"{os.cpu_count()} cores, torch {torch.__version__}, transformers "
-        f"{transformers.__version__}; {seconds:.0f} s in all",
+        f"{transformers.__version__}; {params / 1e6:.1f} M parameters; {seconds:.0f} s in all",
         "",
         "| part | measure | value | note |",
         "|---|---|---|---|",
@@ -425,9 +426,14 @@ def main(argv: list[str] | None = None) -> int:
     if check.device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
-    build(check)
-    text = table(check, run_parts(check, args.budget_s - (time.monotonic() - start)),
-                 time.monotonic() - start)  # fmt: skip
+    try:
+        build(check)
+    except Exception as err:  # still one table, every row saying why
+        why = f"model build failed: {type(err).__name__}: {str(err).splitlines()[0][:200]}"
+        results = {key: [(m, "error", why) for m in MEASURES[key]] for key in PARTS}
+    else:
+        results = run_parts(check, args.budget_s - (time.monotonic() - start))
+    text = table(check, results, time.monotonic() - start)
     print(text, end="")
     if os.environ.get("OUT"):
         from mcgpo.training.checkpoint import atomic_write_text

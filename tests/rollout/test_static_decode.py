@@ -95,6 +95,9 @@ def test_stop_strings_end_rows_on_the_device(counter_policy):
     dyn, sta = both(model, tok, prompts, stop_strings=[stop, "zzz"], sync_every=5, **kw)
     assert_same(dyn, sta)
     assert len(sta.response_ids[2]) <= k + 1
+    dyn, sta = both(model, tok, prompts, stop_strings=[""], **kw)  # in every text
+    assert_same(dyn, sta)
+    assert [len(r) for r in sta.response_ids] == [1, 1, 1, 1]
 
 
 def test_log_probs_equal_a_fresh_forward_pass(counter_policy):
@@ -163,7 +166,7 @@ class PieceTokenizer:
 @settings(max_examples=60, deadline=None)
 @given(
     pieces=st.lists(st.text("ab</", max_size=4), min_size=2, max_size=12),
-    stop=st.text("ab</", min_size=1, max_size=4),
+    stop=st.text("ab</", min_size=0, max_size=4),
     seq=st.lists(st.integers(0, 11), min_size=1, max_size=12),
 )
 def test_stop_tables_equal_a_substring_search(pieces, stop, seq):
@@ -179,8 +182,11 @@ def test_stop_tables_equal_a_substring_search(pieces, stop, seq):
         (i for i in range(len(seq)) if stop in "".join(pieces[t] for t in seq[: i + 1])), None
     )
     assert ended == naive
-    # the extra id past the tokenizer decodes to "": never a hit, the state is kept
-    assert not bool(tables.hit[0][:, len(pieces)].any())
+    # the extra id past the tokenizer decodes to "": no hit (except for the stop string "",
+    # found in any text), the state is kept
+    assert bool(tables.hit[0][:, len(pieces)].any()) == (stop == "")
+    if stop:
+        assert tables.next_state[0][:, len(pieces)].tolist() == list(range(len(stop)))
 
 
 def test_registry_empty_batch_mode_and_bad_arguments(counter_policy):

@@ -76,6 +76,10 @@ def stop_tables(
     width = max(1, max(len(p) for p in pieces))
     next_states, hits = [], []
     for stop in stops:
+        if not stop:  # "" is in every text: the first token ends the response
+            next_states.append(torch.zeros((1, vocab), dtype=torch.long, device=device))
+            hits.append(torch.ones((1, vocab), dtype=torch.bool, device=device))
+            continue
         delta, alpha = _kmp_automaton(stop)
         other = len(alpha)
         chars = np.full((vocab, width), -1, dtype=np.int64)  # -1: past the piece's end

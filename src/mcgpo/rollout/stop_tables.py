@@ -7,7 +7,9 @@ characters whose state is the length of the matched prefix; running it over ever
 piece from every state gives two ``[len(s), V]`` tables (the state after the token, and
 whether the token completes the string), so one sampling step checks a batch of rows with two
 gathers. The tables are built once per (tokenizer, stop strings, vocabulary size, device),
-vectorised over the vocabulary with numpy (about a second for a 150k vocabulary).
+vectorised with numpy: the work is the vocabulary's total characters times the stop
+string's length (measured: 0.5 s for 151,936 synthetic pieces of 1-128 characters and the
+stops ``</action>`` and ``\n``, 2 busy cores; plus one ``batch_decode`` of every id).
 """
 
 from __future__ import annotations
@@ -59,6 +61,41 @@ def _token_pieces(tokenizer: Any, vocab: int) -> list[str]:
     return pieces + [""] * (vocab - n)
 
 
+def _piece_chars(pieces: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(code points of all pieces concatenated, offset of each piece, length of each piece)."""
+    lengths = np.fromiter((len(p) for p in pieces), dtype=np.int64, count=len(pieces))
+    codes = np.frombuffer("".join(pieces).encode("utf-32-le"), dtype=np.uint32)
+    offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+    return codes, offsets, lengths
+
+
+def _automaton_over_tokens(
+    stop: str, codes: np.ndarray, offsets: np.ndarray, lengths: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """([len(s), V] state after each token from each state, [len(s), V] token completes s).
+
+    All start states at once; tokens sorted longest first, so that column c of the pieces
+    only touches the tokens that are longer than c (work = total characters x states).
+    """
+    delta, alpha = _kmp_automaton(stop)
+    n, vocab = len(stop), len(lengths)
+    uniq, inverse = np.unique(codes, return_inverse=True)
+    classes = np.array([alpha.get(chr(u), len(alpha)) for u in uniq], dtype=np.int64)[inverse]
+    order = np.argsort(-lengths, kind="stable")
+    start, by_length = offsets[order], np.sort(lengths)
+    state = np.repeat(np.arange(n, dtype=np.int64)[:, None], vocab, axis=1)
+    hit = np.zeros((n, vocab), dtype=bool)
+    for c in range(int(lengths.max(initial=0))):
+        k = vocab - int(np.searchsorted(by_length, c, side="right"))  # tokens longer than c
+        moved = delta[state[:, :k], classes[start[:k] + c][None, :]]
+        hit[:, :k] |= moved == n
+        state[:, :k] = moved
+    next_state, completes = np.empty_like(state), np.empty_like(hit)
+    next_state[:, order] = np.minimum(state, n - 1)  # after a hit the row is done anyway
+    completes[:, order] = hit
+    return next_state, completes
+
+
 def stop_tables(
     tokenizer: Any, stops: Sequence[str], vocab: int, device: torch.device
 ) -> StopTables:
@@ -72,29 +109,14 @@ def stop_tables(
     per_tok = _TABLES.setdefault(tokenizer, {})
     if key in per_tok:
         return per_tok[key]
-    pieces = _token_pieces(tokenizer, vocab)
-    width = max(1, max(len(p) for p in pieces))
+    codes, offsets, lengths = _piece_chars(_token_pieces(tokenizer, vocab))
     next_states, hits = [], []
     for stop in stops:
         if not stop:  # "" is in every text: the first token ends the response
             next_states.append(torch.zeros((1, vocab), dtype=torch.long, device=device))
             hits.append(torch.ones((1, vocab), dtype=torch.bool, device=device))
             continue
-        delta, alpha = _kmp_automaton(stop)
-        other = len(alpha)
-        chars = np.full((vocab, width), -1, dtype=np.int64)  # -1: past the piece's end
-        for t, piece in enumerate(pieces):
-            chars[t, : len(piece)] = [alpha.get(ch, other) for ch in piece]
-        nxt = np.zeros((len(stop), vocab), dtype=np.int64)
-        hit = np.zeros((len(stop), vocab), dtype=bool)
-        for q0 in range(len(stop)):
-            state = np.full(vocab, q0, dtype=np.int64)
-            for c in range(width):
-                valid = chars[:, c] >= 0
-                moved = delta[state, np.where(valid, chars[:, c], 0)]
-                hit[q0] |= valid & (moved == len(stop))
-                state = np.where(valid, moved, state)
-            nxt[q0] = np.minimum(state, len(stop) - 1)  # after a hit the row is done anyway
+        nxt, hit = _automaton_over_tokens(stop, codes, offsets, lengths)
         next_states.append(torch.from_numpy(nxt).to(device))
         hits.append(torch.from_numpy(hit).to(device))
     per_tok[key] = StopTables(next_states, hits)

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from mcgpo.policy import token_log_probs
 from mcgpo.rollout import TokenBatch, sample
 from mcgpo.rollout.static_decode import SAMPLERS, sample_static
-from mcgpo.rollout.stop_tables import stop_tables
+from mcgpo.rollout.stop_tables import _token_pieces, stop_tables
 
 
 def prompts_of_lengths(tokenizer, lengths):
@@ -95,6 +95,8 @@ def test_stop_strings_end_rows_on_the_device(counter_policy):
     dyn, sta = both(model, tok, prompts, stop_strings=[stop, "zzz"], sync_every=5, **kw)
     assert_same(dyn, sta)
     assert len(sta.response_ids[2]) <= k + 1
+    # the tables decode every id in one batch_decode: the same pieces as decode([t])
+    assert _token_pieces(tok, len(tok) + 2) == [tok.decode([t]) for t in range(len(tok))] + [""] * 2
     dyn, sta = both(model, tok, prompts, stop_strings=[""], **kw)  # in every text
     assert_same(dyn, sta)
     assert [len(r) for r in sta.response_ids] == [1, 1, 1, 1]

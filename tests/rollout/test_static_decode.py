@@ -239,3 +239,29 @@ def test_the_sampler_option_names_the_registry():
         RolloutConfig(sampler=name).check()
     with pytest.raises(ConfigError, match=r"rollout\.sampler must be one of dynamic, static"):
         RolloutConfig(sampler="vllm").check()
+
+
+def test_a_drop_in_for_the_dynamic_sampler_in_collect(counter_policy, monkeypatch):
+    """collect() with sample_static in place of sample plays the same rollouts (T = 1:
+    with a host read every step the shared generator's draws are the dynamic sampler's)."""
+    import functools
+    import importlib
+
+    from rollout_fakes import CounterEnv
+
+    from mcgpo.rollout import CollectOptions, collect
+
+    # the module, not the function of the same name that mcgpo.rollout exports
+    collect_module = importlib.import_module("mcgpo.rollout.collect")
+
+    model, tok = counter_policy
+    opts = CollectOptions(
+        group_size=3, split="train", temperature=1.0, history=2, seed=5, max_new_tokens=6
+    )
+    ref = collect(model, tok, CounterEnv, [0, 1], opts)
+    monkeypatch.setattr(collect_module, "sample", functools.partial(sample_static, sync_every=1))
+    out = collect(model, tok, CounterEnv, [0, 1], opts)
+    assert list(out.table.action) == list(ref.table.action)
+    assert torch.equal(out.tokens.input_ids, ref.tokens.input_ids)
+    mask = ref.tokens.response_mask
+    assert torch.allclose(out.tokens.old_log_probs[mask], ref.tokens.old_log_probs[mask], atol=1e-5)

@@ -28,8 +28,17 @@ kept or returned to the system depending on earlier allocations), so the table a
 deterministic proxy of activation memory: the token slots (rows x padded length) of the
 largest micro-batch.
 
+3. Efficiency (issue 16): tokens/s (all real tokens of the rows) of ``update_policy`` on the
+   first batch against the raw forward+backward of the same model on the same rows in the
+   same length-sorted micro-batches (benchmarks/throughput.py; no optimiser step, no
+   reference model). Goal: update >= 80 % of raw. Two update columns: ``kl_coef = 0`` (the
+   same work plus the loss terms, entropy and one AdamW step) and the preset's ``kl_coef``
+   (adds a forward pass of the frozen reference, about half a forward+backward's cost more).
+   Also the padding share of the micro-batches and, on CUDA, MFU (6 x params x tokens / s /
+   ``--peak-tflops``).
+
 Run:  python benchmarks/bench_update.py [--model runs/main/sft/model] [--repeats 5]
-      [--updates 3]
+      [--updates 3] [--efficiency-only] [--groups 16]
 Without a warm-started model it first runs ``mcgpo sft --preset household-quick`` into
 ``runs/bench-sft`` (an untrained policy would play 15-turn episodes of noise).
 """
@@ -67,6 +76,7 @@ from mcgpo.training.setup import (
     typed_env_options,
 )
 from mcgpo.training.update import PairBatch, update_policy
+from throughput import mfu, update_efficiency
 
 
 def _status_kib(field: str) -> int:
@@ -106,9 +116,11 @@ class Meter:
         self.extra_mib = self.peak_mib - before
 
 
-def config(model: str, seed: int, threads: int, algo: str) -> RunConfig:
+def config(model: str, seed: int, threads: int, algo: str, groups: int = 0) -> RunConfig:
     cfg = from_dict(load_preset("household-quick"), where="household-quick")
     cfg = dataclasses.replace(cfg, model=model, seed=seed, threads=threads)
+    if groups:
+        cfg = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, groups=groups))
     return dataclasses.replace(
         cfg,
         algo=resolve_algo(dataclasses.replace(cfg.algo, name=algo), cfg.rollout.group_size),
@@ -174,9 +186,15 @@ def main() -> None:
     parser.add_argument("--updates", type=int, default=3, help="MCGPO updates timed (part 1)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--groups", type=int, default=0, help="tasks per batch; 0 = preset")
+    parser.add_argument("--efficiency-only", action="store_true", help="part 3 only")
+    parser.add_argument("--peak-tflops", type=float, default=989.0, help="MFU on CUDA")
     args = parser.parse_args()
     model_path = ensure_model(args.model)
-    cfgs = {a: config(model_path, args.seed, args.threads, a) for a in ("graphgpo", "mcgpo")}
+    cfgs = {
+        a: config(model_path, args.seed, args.threads, a, args.groups)
+        for a in ("graphgpo", "mcgpo")
+    }
     cfg = cfgs["mcgpo"]
     apply_runtime(cfg)
     cuda = cfg.device.startswith("cuda")
@@ -193,6 +211,10 @@ def main() -> None:
     t_rollout = meter.seconds
     learnable = first.learnable()
     table, tokens = learnable.table, learnable.tokens
+    if args.efficiency_only:
+        advantages = assign_credit(table, cfg.algo).advantages
+        efficiency(policy, ref, tokens, advantages, cfg, table.group, args, model_path)
+        return
     credit, t_credit = {}, {}
     for algo, c in cfgs.items():
         with meter.measure():
@@ -286,6 +308,42 @@ def main() -> None:
         f"{total['stress']:.2f} | {total['stress'] / total['graphgpo']:.3f} |"
     )
     print("\ntargets: time per update ratio <= 1.03, peak memory ratio <= 1.02")
+    efficiency(policy, ref, tokens, credit["mcgpo"].advantages, cfg, table.group, args, None)
+
+
+def efficiency(policy, ref, tokens, advantages, cfg, groups, args, header) -> None:
+    """Part 3: update_policy vs the raw forward+backward on the first batch's rows."""
+    cuda = cfg.device.startswith("cuda")
+    no_kl = dataclasses.replace(cfg.train, kl_coef=0.0)
+    plain = update_efficiency(policy, tokens, advantages, no_kl, repeats=args.repeats,
+                              groups=groups)  # fmt: skip
+    with_kl = update_efficiency(policy, tokens, advantages, cfg.train, repeats=args.repeats,
+                                ref_model=ref, groups=groups)  # fmt: skip
+    if header:
+        print(f"# bench_update part 3: household-quick, model {header}")
+        print(
+            f"# {datetime.date.today()}, {platform.machine()}, {os.cpu_count()} cores, "
+            f"torch {torch.__version__}, {args.threads} threads, device {cfg.device}"
+        )
+    params = sum(p.numel() for p in policy.parameters())
+    print(f"\n## 3. Update efficiency on the first batch (best of {args.repeats})\n")
+    print(
+        f"{len(tokens)} rows, {plain['tokens']:.0f} real tokens, micro-batches of "
+        f"{cfg.train.micro_batch_size} rows, padding share {plain['padding']:.3f}\n"
+    )
+    print("| | tokens/s | of raw fwd+bwd | MFU |")
+    print("|---|---|---|---|")
+    runs = [
+        ("raw forward+backward", plain["raw_tok_s"], plain["raw_s"]),
+        ("update_policy, kl_coef 0", plain["update_tok_s"], plain["update_s"]),
+        (f"update_policy, kl_coef {cfg.train.kl_coef} (+ reference forward)",
+         with_kl["update_tok_s"], with_kl["update_s"]),
+    ]  # fmt: skip
+    for label, rate, seconds in runs:
+        util = mfu(params, plain["tokens"], seconds, args.peak_tflops * 1e12) if cuda else None
+        cell = f"{100 * util:.1f} %" if util is not None else "(CUDA only)"
+        print(f"| {label} | {rate:,.0f} | {rate / plain['raw_tok_s']:.2f} | {cell} |")
+    print("\ngoal: update_policy >= 0.80 of the raw forward+backward (kl_coef 0: the same work)")
 
 
 if __name__ == "__main__":

@@ -171,26 +171,26 @@ def row_draw(model, tok, prompts, seeds, **kw):
     return sample(model, prompts, pad_token_id=tok.pad_token_id, generator=gens, **kw)
 
 
-def test_inverse_cdf_golden_values():
-    from mcgpo.rollout.sampler import _inverse_cdf
+def testinverse_cdf_golden_values():
+    from mcgpo.rollout.sampler import inverse_cdf
 
     # p = [0.2, 0, 0.5, 0.3]: cdf = [0.2, 0.2, 0.7, 1.0]; the token is the first k with
     # cdf[k] > u, so u in [0, 0.2) -> 0, [0.2, 0.7) -> 2 (token 1 has p = 0: never), rest -> 3
     p = torch.tensor([[0.2, 0.0, 0.5, 0.3]] * 6)
     u = torch.tensor([0.0, 0.1999, 0.2, 0.6999, 0.7, 0.99999])
-    assert _inverse_cdf(p, u).tolist() == [0, 0, 2, 2, 3, 3]
+    assert inverse_cdf(p, u).tolist() == [0, 0, 2, 2, 3, 3]
     # unnormalised rows are scaled by their sum: p = [1, 1, 2] -> cdf/4 = [0.25, 0.5, 1]
     q = torch.tensor([[1.0, 1.0, 2.0]] * 3)
-    assert _inverse_cdf(q, torch.tensor([0.24, 0.25, 0.5])).tolist() == [0, 1, 2]
+    assert inverse_cdf(q, torch.tensor([0.24, 0.25, 0.5])).tolist() == [0, 1, 2]
 
 
-def test_inverse_cdf_draws_follow_the_distribution():
-    from mcgpo.rollout.sampler import _inverse_cdf
+def testinverse_cdf_draws_follow_the_distribution():
+    from mcgpo.rollout.sampler import inverse_cdf
 
     p = torch.tensor([0.1, 0.0, 0.6, 0.25, 0.05])
     n = 40_000
     u = torch.rand(n, generator=torch.Generator().manual_seed(0))
-    counts = torch.bincount(_inverse_cdf(p.expand(n, -1), u), minlength=5).double() / n
+    counts = torch.bincount(inverse_cdf(p.expand(n, -1), u), minlength=5).double() / n
     # binomial SD of a share is at most sqrt(0.25 / 40000) = 0.0025; 4 SD = 0.01
     assert torch.allclose(counts, p.double(), atol=0.01, rtol=0)
     assert counts[1] == 0

@@ -54,7 +54,7 @@ from mcgpo.envs.protocol import Env, Observation
 from mcgpo.rollout.parsing import parse_action
 from mcgpo.rollout.prompts import default_response_format, prompt_ids, stop_strings
 from mcgpo.rollout.records import Rollout, Tally, Trajectory, assemble, record_turn
-from mcgpo.rollout.sampler import sample
+from mcgpo.rollout.static_decode import SAMPLERS
 
 __all__ = ["DEFAULT_MAX_NEW_TOKENS", "CollectOptions", "Rollout", "collect", "sampling_generators"]
 
@@ -85,6 +85,7 @@ class CollectOptions:
     max_prompt_tokens: int | None = None  # prompt budget (module docstring); None: no limit
     workers: int = 0  # environment worker processes; 0: step in this process
     step_timeout: float = DEFAULT_STEP_TIMEOUT  # seconds per step in a worker (workers > 0)
+    sampler: str = "dynamic"  # "dynamic" (sampler.sample) or "static" (static_decode)
 
     def __post_init__(self) -> None:
         if self.group_size < 1:
@@ -105,6 +106,8 @@ class CollectOptions:
                 raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
         if not self.step_timeout > 0 or self.step_timeout == float("inf"):
             raise ValueError(f"step_timeout must be a finite number > 0, got {self.step_timeout}")
+        if self.sampler not in SAMPLERS:
+            raise ValueError(f"sampler must be one of {sorted(SAMPLERS)}, got {self.sampler!r}")
 
 
 @dataclass(frozen=True)
@@ -227,7 +230,7 @@ def _play_turn(
     opts, tokenizer = s.options, s.tokenizer
     prompts = [_prompt_ids(s, current[e], trajs[e].past, tally) for e in live]
     t0 = time.perf_counter()
-    out = sample(
+    out = SAMPLERS[s.options.sampler](
         s.model, prompts, temperature=opts.temperature, max_new_tokens=s.budget,
         eos_token_id=s.eos, pad_token_id=s.pad, stop_strings=s.stops, tokenizer=tokenizer,
         generator=[s.generators[e] for e in live],

@@ -49,7 +49,7 @@ import torch
 
 from mcgpo.policy.logprobs import position_ids
 
-__all__ = ["Samples", "sample"]
+__all__ = ["Samples", "inverse_cdf", "row_uniforms", "sample"]
 
 
 class Samples(NamedTuple):
@@ -257,13 +257,13 @@ def _sample(
     eos_tensor = torch.tensor(sorted(eos), device=device)
     uniforms = None  # [rows, max_new_tokens]: each row's own draws (a generator per row)
     if isinstance(generator, list) and temperature > 0:
-        uniforms = _row_uniforms(generator, max_new_tokens, device)
+        uniforms = row_uniforms(generator, max_new_tokens, device)
     for step in range(max_new_tokens):
         logp = torch.log_softmax(logits, dim=-1)
         if temperature == 0:
             token = logits.argmax(-1)
         elif uniforms is not None:
-            token = _inverse_cdf(torch.softmax(logits / temperature, dim=-1), uniforms[:, step])
+            token = inverse_cdf(torch.softmax(logits / temperature, dim=-1), uniforms[:, step])
         else:
             probs = torch.softmax(logits / temperature, dim=-1)
             token = torch.multinomial(probs, 1, generator=generator).squeeze(1)
@@ -303,7 +303,7 @@ def _sample(
     return Samples(responses, log_probs)
 
 
-def _row_uniforms(
+def row_uniforms(
     generators: list[torch.Generator], steps: int, device: torch.device
 ) -> torch.Tensor:
     """``steps`` uniforms in [0, 1) from each row's generator (drawn on the generator's own
@@ -313,7 +313,7 @@ def _row_uniforms(
     )
 
 
-def _inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """Row i's token: the first k with ``cumsum(probs[i])[k] > u[i] * sum(probs[i])`` [b]."""
     cdf = probs.cumsum(-1)
     target = (u * cdf[:, -1]).unsqueeze(1).contiguous()

@@ -107,6 +107,11 @@ class RolloutConfig:
     response_format: str = _opt(
         "auto", "think (<think>..</think><action>..</action>), action, or auto (by tokenizer)"
     )
+    sampler: str = _opt(
+        "dynamic",
+        "dynamic (KV cache; finished rows leave the batch) or static (preallocated cache, "
+        "decode step compiled with CUDA graphs on a GPU)",
+    )
 
     def check(self) -> None:
         for name in ("groups", "group_size", "max_new_tokens", "max_prompt_tokens"):
@@ -114,6 +119,8 @@ class RolloutConfig:
         _at_least("rollout.history", self.history, 0)
         _positive("rollout.temperature", self.temperature)
         _choice("rollout.response_format", self.response_format, ("auto", "think", "action"))
+        # the names of mcgpo.rollout.static_decode.SAMPLERS (not imported: it imports torch)
+        _choice("rollout.sampler", self.sampler, ("dynamic", "static"))
 
 
 @dataclass(frozen=True)

@@ -327,6 +327,7 @@ def collect_options(
         max_prompt_tokens=cfg.rollout.max_prompt_tokens,
         workers=cfg.env.workers,
         step_timeout=cfg.env.step_timeout,
+        sampler=cfg.rollout.sampler,
     )
 
 

@@ -14,6 +14,7 @@ from mcgpo.policy import (
     token_log_probs,
     token_log_probs_and_entropy,
 )
+from mcgpo.policy.logprobs import PolicyForward
 from mcgpo.rollout import TokenBatch
 
 
@@ -110,6 +111,56 @@ def test_chunked_equals_whole_values_and_gradients(small_policy, chunk):
     for p, g in zip(model.parameters(), whole_grads):
         assert torch.allclose(p.grad, g, atol=1e-5)
     model.zero_grad()
+
+
+def _values_and_grads(model, params, ids, mask, chunk):
+    lp, h = token_log_probs_and_entropy(model, ids, mask, chunk_size=chunk)
+    (lp.sum() + h.sum()).backward()
+    grads = [p.grad.clone() for p in params]
+    for p in params:
+        p.grad = None
+    return lp.detach(), h.detach(), grads
+
+
+def _one_rank_gloo(tmp_path):
+    """A world of one process (gloo, a file store): DDP runs its reducer as with W ranks."""
+    import torch.distributed as dist
+
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+
+
+@pytest.mark.parametrize("chunk", [None, 3])
+def test_policy_forward_and_ddp_around_it_give_the_plain_values_and_gradients(
+    small_policy, tmp_path, chunk
+):
+    """The wrapper DDP and FSDP2 see (one forward for body and chunked head) gives exactly
+    the numbers of the plain model: the same operations in the same order, so equal bits."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    model, tok = small_policy
+    params = list(model.parameters())
+    ids = torch.tensor([tok("take apple 1 from countertop 2")["input_ids"]] * 2)
+    mask = torch.ones_like(ids)
+    mask[1, :2] = 0  # left padding
+    plain = _values_and_grads(model, params, ids, mask, chunk)
+    wrapped = PolicyForward(model)
+    assert [n for n, _ in wrapped.named_parameters()] == [
+        f"policy.{n}" for n, _ in model.named_parameters()
+    ]
+    _one_rank_gloo(tmp_path)
+    try:
+        ddp = DistributedDataParallel(wrapped)
+        for learner in (wrapped, ddp):
+            lp, h, grads = _values_and_grads(learner, params, ids, mask, chunk)
+            assert torch.equal(lp, plain[0]) and torch.equal(h, plain[1])
+            assert all(torch.equal(g, ref) for g, ref in zip(grads, plain[2]))
+        # the unchunked call through the wrapper is the policy's own output
+        out = ddp(input_ids=ids, attention_mask=mask)
+        assert torch.equal(out.logits, model(input_ids=ids, attention_mask=mask).logits)
+    finally:
+        dist.destroy_process_group()
 
 
 def test_masked_loss_gives_no_gradient_to_prompt_positions(small_policy):

@@ -63,12 +63,20 @@ def test_bad_sharding_is_one_line_exit_2(tmp_path, smoke_args, capsys):
     assert err.count("\n") == 0 and "train.sharding must be one of ddp, fsdp2; got 'zero3'" in err
 
 
-def test_fsdp2_with_logits_chunk_is_refused_before_launch(tmp_path, smoke_args, capsys):
-    # the chunked head calls model.base_model and the head apart: FSDP2's root all-gather
-    # (a forward hook of the whole model) would not run
-    assert main(smoke_args(tmp_path / "run", *FSDP2, "--train.logits_chunk", "8")) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0 and "logits_chunk" in err and "fsdp2" in err
+def test_fsdp2_with_logits_chunk_is_accepted() -> None:
+    # once refused (the chunked head ran outside FSDP2's root all-gather); the learner's
+    # PolicyForward now runs it inside the root's forward (trained and compared with one
+    # process in tests/training/test_distributed_chunk.py)
+    import dataclasses
+
+    from mcgpo.training.config import RunConfig
+    from mcgpo.training.distributed import check_world
+
+    cfg = RunConfig()
+    train = dataclasses.replace(cfg.train, sharding="fsdp2", logits_chunk=8)
+    cfg = dataclasses.replace(cfg, nproc=2, train=train)
+    cfg = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, groups=2))
+    assert check_world(cfg, 2) is None
 
 
 def test_one_process_learner_is_the_model_itself() -> None:

@@ -17,6 +17,13 @@ chunk size the head and the log-softmax run ``chunk_size`` positions at a time o
 hidden states, under activation checkpointing when gradients are on, so only the [R, L]
 results are kept for backward (the logits are recomputed chunk by chunk). This path assumes
 ``logits = lm_head(hidden)``; models that rescale or soft-cap logits are refused.
+
+Under DDP or FSDP2 the chunked path must run inside one forward of the wrapped module (DDP's
+reducer and FSDP2's all-gathers hook that forward; calling the body and the head apart would
+skip them: no gradient all-reduce, or sharded parameters). :class:`PolicyForward` is the
+module they wrap: its forward is the policy's own, or (``chunk_size`` given) the chunked
+computation; the functions here route through it when given such a wrapper. A plain model
+is called directly, as before.
 """
 
 from __future__ import annotations
@@ -25,9 +32,11 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel
 from torch.utils.checkpoint import checkpoint
 
 __all__ = [
+    "PolicyForward",
     "position_ids",
     "token_entropy",
     "token_log_probs",
@@ -79,6 +88,11 @@ def token_log_probs_and_entropy(
             input_ids=input_ids, attention_mask=mask, position_ids=pos, use_cache=False
         ).logits[:, :-1]
         chosen, entropy = _head_stats(logits, targets, with_entropy)
+    elif _routes_chunks(model):  # DDP / FSDP2: one forward of the wrapped module
+        chosen, entropy = model(
+            input_ids=input_ids, attention_mask=mask, chunk_size=chunk_size,
+            with_entropy=with_entropy,
+        )  # fmt: skip
     else:
         chosen, entropy = _chunked(model, input_ids, mask, pos, targets, with_entropy, chunk_size)
     # where, not a product: logits at padding may be anything, even NaN, and must not leak
@@ -87,6 +101,37 @@ def token_log_probs_and_entropy(
     log_probs = torch.cat([zero, torch.where(valid, chosen, 0.0)], dim=1)
     entropy = torch.cat([zero, torch.where(valid, entropy, 0.0)], dim=1)
     return log_probs, entropy
+
+
+class PolicyForward(torch.nn.Module):
+    """``policy`` behind one forward, for DDP and FSDP2 to wrap.
+
+    ``forward(**kwargs)`` is ``policy(**kwargs)``; ``forward(input_ids=, attention_mask=,
+    chunk_size=n, with_entropy=)`` is the chunked head's ``(chosen, entropy)``, each
+    ``[R, L-1]`` float32, unmasked (:func:`token_log_probs_and_entropy` masks them). Its
+    parameters are the policy's, under the prefix ``policy.``.
+    """
+
+    def __init__(self, policy: torch.nn.Module) -> None:
+        super().__init__()
+        self.policy = policy
+
+    def forward(
+        self, *args: Any, chunk_size: int | None = None, with_entropy: bool = True, **kwargs: Any
+    ) -> Any:
+        if chunk_size is None:
+            return self.policy(*args, **kwargs)
+        ids, mask = kwargs["input_ids"], kwargs["attention_mask"].long()
+        return _chunked(
+            self.policy, ids, mask, position_ids(mask), ids[:, 1:], with_entropy, chunk_size
+        )
+
+
+def _routes_chunks(model: Any) -> bool:
+    """Whether ``model`` is a :class:`PolicyForward` (FSDP2 makes it a subclass) or DDP
+    around one."""
+    inner = model.module if isinstance(model, DistributedDataParallel) else model
+    return isinstance(inner, PolicyForward)
 
 
 def _chunked(

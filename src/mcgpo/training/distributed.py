@@ -8,7 +8,11 @@ with :func:`union_tables`, are the single-process StepTable. Every estimator is 
 so each rank computes advantages and pairs on its own groups (docs/scale-out.md lists each).
 The update is DDP by default, or FSDP2 with ``train.sharding = "fsdp2"``
 (:func:`distributed_learner`; the maths is :mod:`mcgpo.training.update`); rank 0 writes
-every file.
+every file. Either wraps the policy in :class:`~mcgpo.policy.logprobs.PolicyForward`, whose
+one forward also runs the chunked LM head (``train.logits_chunk``), so DDP's reducer and
+FSDP2's root all-gather see it; the wrapper adds the prefix ``policy.`` to parameter names,
+which nothing saved carries (checkpoints hold ``Run.model``; the optimiser state is keyed by
+the policy's own names).
 
 FSDP2: the learner is a copy of the policy with ``fully_shard`` on every transformer block
 and on the root, so its gradients and AdamW state are sharded over the ranks. Generation
@@ -33,6 +37,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from mcgpo.policy.logprobs import PolicyForward
 from mcgpo.steps import StepTable
 from mcgpo.training.config import ConfigError, RunConfig
 
@@ -108,11 +113,6 @@ def check_world(cfg: RunConfig, size: int) -> None:
         raise ConfigError(f"backend must be auto, gloo or nccl; got {cfg.backend!r}")
     if cfg.backend == "nccl" and not cfg.device.startswith("cuda"):
         raise ConfigError("backend nccl needs device cuda; use gloo on CPU")
-    if size > 1 and cfg.train.sharding == "fsdp2" and cfg.train.logits_chunk:
-        raise ConfigError(
-            "train.logits_chunk calls the model's body and head apart, outside FSDP2's "
-            "all-gather of the root's parameters; use logits_chunk 0 with sharding fsdp2"
-        )
     if size > 1 and _scales_by_fail_share(cfg):
         raise ConfigError(
             "progress_gpo with scale_by_fail_share needs the share of all-fail groups of the "
@@ -276,8 +276,8 @@ def merge_metrics(records: list[dict[str, float]]) -> dict[str, float]:
 
 
 def distributed_learner(model: Any, sharding: str, world: World) -> Any:
-    """What the update runs on W > 1 ranks: ``model`` wrapped in DDP, or (``"fsdp2"``) a
-    sharded copy of it (:func:`shard_policy`); ``model`` itself when W = 1."""
+    """What the update runs on W > 1 ranks: DDP around ``PolicyForward(model)``, or
+    (``"fsdp2"``) a sharded copy of it (:func:`shard_policy`); ``model`` itself when W = 1."""
     if world.size == 1:
         return model
     if sharding == "fsdp2":
@@ -290,11 +290,13 @@ def distributed_learner(model: Any, sharding: str, world: World) -> Any:
     device_ids = [device.index] if device.type == "cuda" else None
     # buffers (rotary tables) are equal everywhere; broadcasting them at every forward
     # would be a collective per micro-batch, and ranks run different numbers of those
-    return DistributedDataParallel(model, device_ids=device_ids, broadcast_buffers=False)
+    wrapped = PolicyForward(model)
+    return DistributedDataParallel(wrapped, device_ids=device_ids, broadcast_buffers=False)
 
 
 def shard_policy(model: Any) -> Any:
-    """A copy of ``model`` with ``fully_shard`` on each transformer block and on the root.
+    """``PolicyForward`` around a copy of ``model``, with ``fully_shard`` on each transformer
+    block and on the wrapper (the root, whose forward also runs the chunked head).
 
     The blocks are the modules whose class is in the model's ``_no_split_modules`` (Hugging
     Face names its decoder layer there, e.g. ``Qwen2DecoderLayer``); the root unit holds the
@@ -304,10 +306,10 @@ def shard_policy(model: Any) -> Any:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    learner = copy.deepcopy(model)
+    learner = PolicyForward(copy.deepcopy(model))
     device = next(learner.parameters()).device
     mesh = init_device_mesh(device.type, (torch.distributed.get_world_size(),))
-    blocks = set(getattr(learner, "_no_split_modules", None) or ())
+    blocks = set(getattr(learner.policy, "_no_split_modules", None) or ())
     for module in list(learner.modules())[1:]:
         if type(module).__name__ in blocks:
             fully_shard(module, mesh=mesh)
@@ -329,7 +331,7 @@ def copy_full_weights(learner: Any, replica: Any) -> None:
 
     mine = dict(replica.named_parameters())
     with torch.no_grad():
-        for name, param in learner.named_parameters():
+        for name, param in _policy_of(learner).named_parameters():
             full = param.full_tensor() if isinstance(param, DTensor) else param
             mine[name].copy_(full)
 
@@ -352,7 +354,7 @@ def full_optimizer_state(learner: Any, optimizer: torch.optim.Optimizer) -> dict
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    return get_optimizer_state_dict(learner, optimizer, options=options)
+    return get_optimizer_state_dict(_policy_of(learner), optimizer, options=options)
 
 
 def load_optimizer_state(
@@ -366,7 +368,16 @@ def load_optimizer_state(
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
     options = StateDictOptions(full_state_dict=True)
-    set_optimizer_state_dict(learner, optimizer, optim_state_dict=state, options=options)
+    set_optimizer_state_dict(
+        _policy_of(learner), optimizer, optim_state_dict=state, options=options
+    )
+
+
+def _policy_of(learner: Any) -> Any:
+    """The policy inside a learner's :class:`PolicyForward` (parameter names without its
+    prefix: the policy's own, as the checkpoints and the replica name them)."""
+    inner = getattr(learner, "module", learner)  # DDP
+    return inner.policy if isinstance(inner, PolicyForward) else inner
 
 
 def gradient_sync(model: Any, *, last: bool) -> Any:

@@ -27,7 +27,8 @@ def test_import_verl_registers_agent_loop_trainer_and_loss():
     assert "mcgpo.integrations.verl.plugin" in sys.modules
     plugin = sys.modules["mcgpo.integrations.verl.plugin"]
     assert plugin.REGISTERED == {
-        "agent_loop": "mcgpo_env", "trainer": "mcgpo", "loss": "mcgpo_ppo_pair"
+        "agent_loop": "mcgpo_env", "trainer": "mcgpo", "loss": "mcgpo_ppo_pair",
+        "rollout": "mcgpo_cpu", "platform": "cpu",
     }  # fmt: skip
     target = _agent_loop_registry["mcgpo_env"]["_target_"]
     assert target == "mcgpo.integrations.verl.agent_loop.McgpoEnvAgentLoop"

@@ -8,5 +8,7 @@ Importing this package imports nothing from verl. ``import verl`` loads the entr
 * the v1 trainer ``mcgpo`` (:mod:`.trainer`, ``trainer.v1.trainer_mode=mcgpo``): advantages
   and MCGPO preferences from the StepTable of the step outputs (:mod:`.batch`);
 * the actor loss (:mod:`.loss`), installed with ``set_loss_fn``: verl's PPO loss plus
-  ``lambda_pair`` times mcgpo's pair loss.
+  ``lambda_pair`` times mcgpo's pair loss;
+* for CPU runs (tests, smoke runs): the rollout backend ``mcgpo_cpu`` (:mod:`.cpu_replica`)
+  and the platform ``cpu`` (:mod:`.cpu_platform`, ``VERL_PLATFORM=cpu``).
 """

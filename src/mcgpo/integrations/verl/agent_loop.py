@@ -133,9 +133,15 @@ class McgpoEnvAgentLoop(AgentLoopBase):
         logprobs = list(out.log_probs)[: self.response_length] if out.log_probs else None
         text = self.tokenizer.decode(response, skip_special_tokens=True)
         action, valid = parse_action(text, self.response_format)
+        # the weights' version, which verl's trainer reads from every output's tags
+        steps = out.extra_fields.get("global_steps")
+        versions = {
+            "min_global_steps": out.extra_fields.get("min_global_steps", steps),
+            "max_global_steps": out.extra_fields.get("max_global_steps", steps),
+        }
         output = AgentLoopOutput(
             prompt_ids=ids, response_ids=response, response_mask=[1] * len(response),
             response_logprobs=logprobs, num_turns=2, metrics=AgentLoopMetrics(),
-            extra_fields={},
+            extra_fields=versions,
         )  # fmt: skip
         return output, action, valid

@@ -11,7 +11,8 @@ What goes back per row (tensors of shape ``[B]`` unless nested):
 ``advantages``        nested like ``response_mask``: the row's advantage on each response token
                       (0 for rows of errored trajectories)
 ``returns``           the same values (verl's critic-free estimators do the same)
-``response_mask`` / ``loss_mask``  zeroed for rows of errored trajectories (not learned from)
+``response_mask`` / ``loss_mask``  zeroed for rows not learned from (errored trajectories,
+                      verl's synthetic padding rows)
 ``mcgpo_row``         int64, the row's position in the batch (its id in the pair fields)
 ``mcgpo_partner``     int64, the batch position of the row it is paired with, -1 if none
 ``mcgpo_sign``        int64, +1 the row is the preferred decision, -1 dispreferred, 0 unpaired
@@ -54,36 +55,54 @@ def _extra_fields(batch: Any) -> list[Mapping[str, Any]]:
     return list(batch["extra_fields"])  # TensorDict: a NonTensorStack of dicts
 
 
-def step_table(batch: Any) -> StepTable:
-    """The StepTable of a batch of ``mcgpo_env`` step outputs, row i = batch row i.
+def step_table(batch: Any, rows: Sequence[int] | None = None) -> StepTable:
+    """The StepTable of a batch of ``mcgpo_env`` step outputs, row i = batch row ``rows[i]``.
 
     ``batch``: a TensorDict fetched from TransferQueue, a DataProto, or the list of
-    ``extra_fields`` dicts. Keys of ``extra_fields`` that are not StepTable fields (verl's
-    own, such as ``reward_extra_info``) are ignored.
+    ``extra_fields`` dicts; ``rows``: the batch rows to take (default all). Keys of
+    ``extra_fields`` that are not StepTable fields (verl's own, such as
+    ``reward_extra_info``) are ignored.
     """
-    rows = _extra_fields(batch)
-    return StepTable.from_records([{k: r[k] for k in STEP_FIELDS if k in r} for r in rows])
+    fields = _extra_fields(batch)
+    picked = fields if rows is None else [fields[int(i)] for i in rows]
+    return StepTable.from_records([{k: r[k] for k in STEP_FIELDS if k in r} for r in picked])
 
 
 class BatchCredit(NamedTuple):
     """Per-row results of :func:`batch_credit`, in batch order."""
 
-    table: StepTable  # all rows, errored ones included
-    advantages: np.ndarray  # [B] float32, 0 on errored rows
+    table: StepTable  # the non-padding rows (``rows``), errored ones included
+    rows: np.ndarray  # [T] int64, the batch position of each table row
+    learn: np.ndarray  # [B] bool, the rows given to mcgpo (not errored, not padding)
+    advantages: np.ndarray  # [B] float32, 0 on rows not learned from
     partner: np.ndarray  # [B] int64, -1 if unpaired
     sign: np.ndarray  # [B] int64, +1 / -1 / 0
     weight: np.ndarray  # [B] float32
     credit: Credit  # what mcgpo computed on the learnable rows (rows in its numbering)
 
 
-def batch_credit(batch: Any, algo: AlgoConfig) -> BatchCredit:
+def batch_credit(
+    batch: Any, algo: AlgoConfig, padding: Sequence[bool] | None = None
+) -> BatchCredit:
     """Advantages (and MCGPO pairs) of every batch row: mcgpo's ``assign_credit`` on the
     learnable rows, mapped back to batch positions. ``algo`` is resolved
-    (:func:`mcgpo.integrations.verl.config.plugin_config`)."""
-    table = step_table(batch)
-    keep = np.flatnonzero(~table.errored)
-    credit = assign_credit(table.select(keep), algo)
-    n = len(table)
+    (:func:`mcgpo.integrations.verl.config.plugin_config`).
+
+    ``padding``: per row, True for verl's synthetic padding rows (``is_padding`` in the
+    batch tags, ``trainer/ppo/padding_utils.py``). They copy the first row's
+    ``extra_fields``, so they would repeat one of its steps (a StepTableError); they are
+    left out of the table and get advantage 0 and no pair.
+    """
+    n = len(_extra_fields(batch))
+    pad = np.zeros(n, dtype=bool) if padding is None else np.asarray(padding, dtype=bool)
+    if pad.shape != (n,):
+        raise ValueError(f"batch_credit: padding has {pad.size} flags for {n} rows")
+    rows = np.flatnonzero(~pad)
+    table = step_table(batch, rows)
+    keep = rows[~table.errored]
+    credit = assign_credit(table.select(np.flatnonzero(~table.errored)), algo)
+    learn = np.zeros(n, dtype=bool)
+    learn[keep] = True
     adv = np.zeros(n, dtype=np.float32)
     adv[keep] = credit.advantages
     partner = np.full(n, -1, dtype=np.int64)
@@ -93,7 +112,7 @@ def batch_credit(batch: Any, algo: AlgoConfig) -> BatchCredit:
     partner[plus], partner[minus] = minus, plus
     sign[plus], sign[minus] = 1, -1
     weight[plus] = weight[minus] = credit.weight
-    return BatchCredit(table, adv, partner, sign, weight, credit)
+    return BatchCredit(table, rows, learn, adv, partner, sign, weight, credit)
 
 
 def credit_fields(result: BatchCredit, response_mask: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -101,7 +120,7 @@ def credit_fields(result: BatchCredit, response_mask: torch.Tensor) -> dict[str,
     from verl.workers.utils.padding import response_to_nested
 
     padded_mask = response_mask.to_padded_tensor(0) if response_mask.is_nested else response_mask
-    learn = torch.as_tensor(~result.table.errored)[:, None]
+    learn = torch.as_tensor(result.learn)[:, None]
     mask = padded_mask * learn.to(padded_mask.dtype)
     adv = torch.as_tensor(result.advantages)[:, None] * mask.float()
     nested_adv = response_to_nested(adv, response_mask)
@@ -111,7 +130,7 @@ def credit_fields(result: BatchCredit, response_mask: torch.Tensor) -> dict[str,
         "returns": response_to_nested(adv.clone(), response_mask),
         "response_mask": nested_mask,
         "loss_mask": response_to_nested(mask.clone(), response_mask),
-        "mcgpo_row": torch.arange(len(result.table), dtype=torch.int64),
+        "mcgpo_row": torch.arange(len(result.learn), dtype=torch.int64),
         "mcgpo_partner": torch.as_tensor(result.partner),
         "mcgpo_sign": torch.as_tensor(result.sign),
         "mcgpo_weight": torch.as_tensor(result.weight),

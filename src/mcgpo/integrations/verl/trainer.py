@@ -9,8 +9,10 @@ trainer with mcgpo's credit assignment and pair loss.
   and, for MCGPO, ``build_preferences`` (:func:`mcgpo.integrations.verl.batch.batch_credit`),
   writes per-token advantages and the pair fields back, and reorders the batch so that
   partners sit side by side inside each data-parallel chunk.
-* ``_update_actor`` adds ``force_group_size=2`` when there are pairs, so verl's micro-batch
-  split (dynamic or fixed size) keeps neighbours together.
+* ``_update_actor`` adds ``force_group_size=2`` when there are pairs and micro-batches are
+  dynamic (``use_dynamic_bsz``), so verl's token-balanced split keeps neighbours together;
+  fixed micro-batches are contiguous, so an even ``ppo_micro_batch_size_per_gpu`` does.
+* verl's synthetic padding rows (``is_padding`` tags) are left out of the StepTable.
 
 What verl's own balancing does to pairs: ``_balance_batch`` (run before the advantage step)
 reorders rows across data-parallel ranks by sequence length, so the two rows of a pair can
@@ -76,7 +78,8 @@ class McgpoTrainer(PPOTrainerSync):
             keys=batch.keys, partition_id=batch.partition_id,
             select_fields=["extra_fields", "response_mask"],
         )  # fmt: skip
-        result = batch_credit(data, self.mcgpo.algo)
+        padding = [bool(tag.get("is_padding", False)) for tag in batch.tags]
+        result = batch_credit(data, self.mcgpo.algo, padding)
         fields = credit_fields(result, data["response_mask"])
         batch = tq.kv_batch_put(
             keys=batch.keys, partition_id=batch.partition_id,
@@ -88,9 +91,14 @@ class McgpoTrainer(PPOTrainerSync):
         metrics["mcgpo/pairs"] = float(np.sum(result.sign > 0))
         metrics["mcgpo/pairs_split_dp"] = float(split)
         metrics["mcgpo/errored_rows"] = float(np.sum(result.table.errored))
+        metrics["mcgpo/padding_rows"] = float(np.sum(padding))
         return batch
 
     def _update_actor(self, batch: Any, metrics: dict) -> Any:
-        if lambda_pair(self.mcgpo):
+        # dynamic micro-batches only: there force_group_size=2 keeps rows 2k, 2k+1 together;
+        # fixed ones are contiguous chunks of micro_batch_size_per_gpu * force_group_size
+        # rows (workers/engine/utils.py prepare_micro_batches), so an even size already
+        # keeps partners together and 2 would double the micro-batch
+        if lambda_pair(self.mcgpo) and self.config.actor_rollout_ref.actor.use_dynamic_bsz:
             batch.extra_info["force_group_size"] = 2
         return super()._update_actor(batch, metrics)

@@ -227,8 +227,11 @@ def test_bf16_mixed_smoke_run_logs_pi_old_and_memory(smoke_args, tmp_path):
     for r in updates:
         assert math.isfinite(r["loss/task"])
         assert r["pi_old/recomputed"] == 1.0 and r["pi_old/ratio_max_dev_at_old"] == 0.0
-        assert r["pi_old/max_abs_diff"] > 0  # the sampler ran in bf16 too
         assert r["memory/process_peak_rss_gb"] > 0
+    # the sampler ran in bf16 too: its pi_old differs from the training forward's somewhere
+    # (on this 32-wide 1-layer model by ~1e-5 in update 1, and not at all in update 2's
+    # batch, where every bf16 product rounds alike in both passes)
+    assert max(r["pi_old/max_abs_diff"] for r in updates) > 0
 
 
 def test_tf32_is_set_on_cuda_only_and_follows_the_option():

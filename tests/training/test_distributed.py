@@ -70,6 +70,19 @@ def test_merge_sums_counts_averages_rates_and_takes_the_slowest_time() -> None:
     }
 
 
+def test_merge_takes_the_largest_rank_of_peaks_and_maxima() -> None:
+    a = {"memory/update_peak_gb": 3.0, "pi_old/max_abs_diff": 1e-3, "pi_old/mean_abs_diff": 0.25}
+    b = {"memory/update_peak_gb": 5.0, "pi_old/max_abs_diff": 4e-3, "pi_old/mean_abs_diff": 0.75}
+    c = {"pi_old/ratio_max_dev_at_old": 0.5}
+    d = {"pi_old/ratio_max_dev_at_old": 0.25}
+    assert merge_metrics([a, b]) == {
+        "memory/update_peak_gb": 5.0,  # the machine's need is the largest rank's
+        "pi_old/max_abs_diff": 4e-3,  # a maximum over the global batch
+        "pi_old/mean_abs_diff": 0.5,  # a mean: averaged (equal-sized blocks)
+    }
+    assert merge_metrics([c, d]) == {"pi_old/ratio_max_dev_at_old": 0.5}
+
+
 @pytest.mark.parametrize(
     ("extra", "message"),
     [

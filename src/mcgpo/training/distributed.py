@@ -254,9 +254,13 @@ SUMMED = {
 }
 
 
+_LARGEST = ("time/", "memory/", "pi_old/max_", "pi_old/ratio_max_")
+
+
 def merge_metrics(records: list[dict[str, float]]) -> dict[str, float]:
     """One update record from the ranks' records: counts summed, other values averaged over
-    the ranks that report them (``time/*``: the slowest rank)."""
+    the ranks that report them; maxima and peaks take the largest rank's (``time/*``: the
+    slowest rank; ``memory/*`` peaks and ``pi_old/max_*``, ``pi_old/ratio_max_*``)."""
     if len(records) == 1:
         return records[0]
     keys = list(dict.fromkeys(k for r in records for k in r))
@@ -265,7 +269,7 @@ def merge_metrics(records: list[dict[str, float]]) -> dict[str, float]:
         values = [r[key] for r in records if key in r]
         if key in SUMMED:
             out[key] = float(np.sum(values))
-        elif key.startswith("time/"):
+        elif key.startswith(_LARGEST):
             out[key] = float(np.max(values))
         else:
             out[key] = float(np.mean(values))

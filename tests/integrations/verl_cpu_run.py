@@ -19,6 +19,11 @@ from pathlib import Path
 PROMPTS, N, MAX_TURNS = 2, 2, 2
 
 
+def stage(name: str) -> None:
+    """One ``verl_cpu_run: <stage>`` line, so a stalled run's last output names the stage."""
+    print(f"verl_cpu_run: {name}", flush=True)
+
+
 def build_model(out: Path) -> float:
     """Save the tiny model + tokenizer as a Hugging Face directory; its parameter sum."""
     import torch
@@ -83,26 +88,38 @@ def run(out: Path) -> dict:
     from omegaconf import OmegaConf
     from verl.trainer.ppo.v1 import AgentLoopManagerTQ, get_trainer_cls
 
+    stage("building the model and tasks")
     initial = build_model(out / "model")
     write_tasks(out / "tasks.parquet")
     with initialize_config_module("verl.trainer.config", version_base=None):
         config = compose(config_name="ppo_trainer", overrides=overrides(out))
     env = {k: os.environ[k] for k in ("VERL_PLATFORM", "PYTHONPATH") if k in os.environ}
     env.update(TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1", TRANSFER_QUEUE_ENABLE="1")
-    # logical GPUs: verl's resource pools count "GPU"; nothing uses CUDA
-    ray.init(num_cpus=100, num_gpus=1, runtime_env={"env_vars": env}, include_dashboard=False)
+    # logical GPUs: verl's resource pools count "GPU"; nothing uses CUDA. Ray renices its
+    # workers to 15; beside a busy process of the same scheduling group (a benchmark, the
+    # rest of a CI job) they then get ~3% of a core and the run stalls for many minutes in
+    # the first actor's start (TransferQueueController): worker_niceness 0 keeps them even.
+    ray.init(
+        num_cpus=100, num_gpus=1, runtime_env={"env_vars": env}, include_dashboard=False,
+        _system_config={"worker_niceness": 0},
+    )  # fmt: skip
     config.transfer_queue.enable = True
     OmegaConf.resolve(config)
+    stage("Ray started; starting TransferQueue")
     tq.init(config.transfer_queue)
     try:
+        stage("TransferQueue up; trainer.init()")
         trainer = get_trainer_cls(config.trainer.v1.trainer_mode)(config=config)
         trainer.init()
+        stage("trainer up; starting the agent loop manager")
         manager = AgentLoopManagerTQ.create(
             config=config, llm_client=trainer.get_llm_client(),
             teacher_client=trainer.get_teacher_client(),
             reward_loop_worker_handles=trainer.get_reward_handles(),
         )  # fmt: skip
+        stage("agent loop manager up; trainer.fit()")
         trainer.fit(manager)
+        stage("fit() done; reading the replica")
         server = trainer.llm_server_manager.get_replicas()[0].servers[0]
         state = ray.get(server.state.remote())
         steps = trainer.global_steps
@@ -119,3 +136,4 @@ if __name__ == "__main__":
     tmp = out / "result.json.tmp"
     tmp.write_text(json.dumps(result))
     tmp.replace(out / "result.json")
+    stage("done")

@@ -10,6 +10,8 @@ also registered for the device ``cpu`` (verl registers it for ``cuda`` and ``npu
 Ray still needs a ``GPU`` resource per worker (``RayResourcePool`` bundles and
 ``ResourcePoolManager._check_resource_available`` count ``GPU`` by name), so a CPU run
 starts Ray with logical GPUs: ``ray.init(num_cpus=100, num_gpus=K)``; no CUDA is touched.
+On a busy machine add ``_system_config={"worker_niceness": 0}``: Ray's default nice 15
+starves its workers beside CPU-bound processes of the same session (issue 17).
 For tests and CPU smoke runs only; docs/integrations/verl.md.
 """
 

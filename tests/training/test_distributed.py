@@ -9,7 +9,6 @@ policy only), which keeps them independent of that rule.
 
 from __future__ import annotations
 
-import glob
 import os
 import subprocess
 import sys
@@ -17,9 +16,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 from hypothesis import given
 from hypothesis import strategies as st
+from ranks import launch, saved_weights
 
 from mcgpo.cli import main
 from mcgpo.steps import StepTable
@@ -98,20 +97,6 @@ def test_bad_world_settings_are_one_line_exit_2(tmp_path, smoke_args, capsys, ex
     assert err.count("\n") == 0 and message in err
 
 
-def _launch(args: list[str]) -> None:
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2] / "src")}
-    done = subprocess.run(
-        [sys.executable, "-m", "mcgpo", *args], env=env, capture_output=True, text=True
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-
-
-def _weights(folder: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
-    return load_file(glob.glob(str(folder / "*.safetensors"))[0])
-
-
 def _rows(folder: Path, update: int, ranks: int):
     import pandas as pd
 
@@ -131,7 +116,7 @@ def test_two_processes_train_as_one(tmp_path, smoke_args, sampling):
     the global counts."""
     one, two = tmp_path / "one", tmp_path / "two"
     assert main(smoke_args(one, *sampling, "--save-rollouts")) == 0
-    _launch(smoke_args(two, *sampling, "--save-rollouts", "--nproc", "2"))
+    launch(smoke_args(two, *sampling, "--save-rollouts", "--nproc", "2"))
     for update in (1, 2):
         a, b = _rows(one, update, 1), _rows(two, update, 2)
         assert len(a) == len(b) > 0
@@ -148,7 +133,7 @@ def test_two_processes_train_as_one(tmp_path, smoke_args, sampling):
         for rs in (read_metrics(one / "metrics.jsonl"), read_metrics(two / "metrics.jsonl"))
     ]
     assert evals[0] == evals[1] and any(evals[0])
-    wa, wb = _weights(one / "model"), _weights(two / "model")
+    wa, wb = saved_weights(one / "model"), saved_weights(two / "model")
     assert max(float((wa[k] - wb[k]).abs().max()) for k in wa) < 1e-5
     assert "config.toml" in os.listdir(two) and "nproc = 2" in (two / "config.toml").read_text()
 
@@ -156,10 +141,10 @@ def test_two_processes_train_as_one(tmp_path, smoke_args, sampling):
 @pytest.mark.slow
 def test_two_processes_resume_as_uninterrupted(tmp_path, smoke_args):
     whole, split = tmp_path / "whole", tmp_path / "split"
-    _launch(smoke_args(whole, *GREEDY, "--nproc", "2"))
-    _launch(smoke_args(split, *GREEDY, "--nproc", "2", "--train.updates", "1"))
-    _launch(smoke_args(split, *GREEDY, "--nproc", "2", "--resume"))
-    wa, wb = _weights(whole / "model"), _weights(split / "model")
+    launch(smoke_args(whole, *GREEDY, "--nproc", "2"))
+    launch(smoke_args(split, *GREEDY, "--nproc", "2", "--train.updates", "1"))
+    launch(smoke_args(split, *GREEDY, "--nproc", "2", "--resume"))
+    wa, wb = saved_weights(whole / "model"), saved_weights(split / "model")
     assert max(float((wa[k] - wb[k]).abs().max()) for k in wa) < 1e-6
     # the same world size only: a 1-process resume of a 2-process run is refused
     assert main(smoke_args(split, *GREEDY, "--resume")) == 2
@@ -174,8 +159,8 @@ def test_steps_that_one_rank_has_no_rows_of_match_one_process(tmp_path, smoke_ar
     extra = (*GREEDY, "--train.mini_batch_size", "4", "--train.micro_batch_size", "5")
     one, two = tmp_path / "one", tmp_path / "two"
     assert main(smoke_args(one, *extra, "--eval.tasks", "3")) == 0
-    _launch(smoke_args(two, *extra, "--eval.tasks", "3", "--nproc", "2"))
-    wa, wb = _weights(one / "model"), _weights(two / "model")
+    launch(smoke_args(two, *extra, "--eval.tasks", "3", "--nproc", "2"))
+    wa, wb = saved_weights(one / "model"), saved_weights(two / "model")
     assert max(float((wa[k] - wb[k]).abs().max()) for k in wa) < 1e-5
     from mcgpo.training.metrics import read_metrics
 
@@ -273,6 +258,6 @@ def test_two_nodes_on_localhost_train_as_one_machine(tmp_path, smoke_args):
     for node in nodes:
         _, err = node.communicate(timeout=300)
         assert node.returncode == 0, err[-2000:]
-    _launch(smoke_args(one_node, *GREEDY, "--nproc", "2"))
-    wa, wb = _weights(one_node / "model"), _weights(two_nodes / "model")
+    launch(smoke_args(one_node, *GREEDY, "--nproc", "2"))
+    wa, wb = saved_weights(one_node / "model"), saved_weights(two_nodes / "model")
     assert max(float((wa[k] - wb[k]).abs().max()) for k in wa) == 0.0

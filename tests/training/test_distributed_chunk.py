@@ -20,14 +20,10 @@ the same order as in one process).
 
 from __future__ import annotations
 
-import glob
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-import torch
+from ranks import launch, saved_weights
 
 from mcgpo.cli import main
 from mcgpo.training.metrics import read_metrics
@@ -44,20 +40,6 @@ def _args(model: Path, out: Path, *extra: str) -> list[str]:
     ]  # fmt: skip
 
 
-def _launch(args: list[str]) -> None:
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2] / "src")}
-    done = subprocess.run(
-        [sys.executable, "-m", "mcgpo", *args], env=env, capture_output=True, text=True
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-
-
-def _weights(folder: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
-    return load_file(glob.glob(str(folder / "*.safetensors"))[0])
-
-
 def _updates(folder: Path) -> list[dict[str, float]]:
     return [r for r in read_metrics(folder / "metrics.jsonl") if "update/rows" in r]
 
@@ -67,14 +49,14 @@ def _updates(folder: Path) -> list[dict[str, float]]:
 def test_two_ranks_with_chunked_head_train_as_one(micro_model, tmp_path, sharding, layout):
     one, two = tmp_path / "one", tmp_path / "two"
     assert main(_args(micro_model, one, *layout)) == 0
-    _launch(_args(micro_model, two, *layout, "--nproc", "2", "--train.sharding", sharding))
+    launch(_args(micro_model, two, *layout, "--nproc", "2", "--train.sharding", sharding))
     ra, rb = _updates(one), _updates(two)
     assert [r["update/rows"] for r in ra] == [r["update/rows"] for r in rb]
     assert [r["update/optimizer_steps"] for r in ra] == [r["update/optimizer_steps"] for r in rb]
     for a, b in zip(ra, rb):
         assert b["update/grad_norm"] == pytest.approx(a["update/grad_norm"], rel=1e-5)
-    wa, wb = _weights(one / "model"), _weights(two / "model")
-    start = _weights(micro_model)
+    wa, wb = saved_weights(one / "model"), saved_weights(two / "model")
+    start = saved_weights(micro_model)
     assert max(float((wa[k] - start[k]).abs().max()) for k in wa) > 1e-4  # it did learn
     assert wa.keys() == wb.keys()  # the saved names are the policy's, without "policy."
     gap = max(float((wa[k] - wb[k]).abs().max()) for k in wa)

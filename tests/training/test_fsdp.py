@@ -12,35 +12,18 @@ the ranks' shard norms combined; one process adds the same terms in another orde
 
 from __future__ import annotations
 
-import glob
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from ranks import launch, saved_weights
 
 from mcgpo.cli import main
 from mcgpo.training.distributed import SINGLE, World, distributed_learner
 
 GREEDY = ("--rollout.temperature", "0.001", "--eval.temperature", "0.001", "--tensorboard", "false")
 FSDP2 = ("--nproc", "2", "--train.sharding", "fsdp2")
-
-
-def _launch(args: list[str]) -> None:
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2] / "src")}
-    done = subprocess.run(
-        [sys.executable, "-m", "mcgpo", *args], env=env, capture_output=True, text=True
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-
-
-def _weights(folder: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
-    return load_file(glob.glob(str(folder / "*.safetensors"))[0])
 
 
 def _gap(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
@@ -115,7 +98,7 @@ def test_fsdp2_two_processes_train_as_one(tmp_path, smoke_args):
     extra = (*extra, "--train.micro_batch_size", "5")
     one, two = tmp_path / "one", tmp_path / "two"
     assert main(smoke_args(one, *extra)) == 0
-    _launch(smoke_args(two, *extra, *FSDP2))
+    launch(smoke_args(two, *extra, *FSDP2))
     for update in (1, 2):
         a, b = _rows(one, update, 1), _rows(two, update, 2)
         assert len(a) == len(b) > 0
@@ -131,7 +114,7 @@ def test_fsdp2_two_processes_train_as_one(tmp_path, smoke_args):
     np.testing.assert_allclose(
         [r["update/grad_norm"] for r in ra], [r["update/grad_norm"] for r in rb], rtol=1e-5
     )
-    assert _gap(_weights(one / "model"), _weights(two / "model")) < 1e-6
+    assert _gap(saved_weights(one / "model"), saved_weights(two / "model")) < 1e-6
     assert 'sharding = "fsdp2"' in (two / "config.toml").read_text()
 
 
@@ -142,23 +125,24 @@ def test_fsdp2_resume_equals_uninterrupted_and_folders_load_in_one_process(tmp_p
     checkpoint holds the full state (every parameter's full shape, by name); the final
     model folder loads and evaluates in a single process."""
     whole, split = tmp_path / "whole", tmp_path / "split"
-    _launch(smoke_args(whole, *GREEDY, *FSDP2))
-    _launch(smoke_args(split, *GREEDY, *FSDP2, "--train.updates", "1"))
+    launch(smoke_args(whole, *GREEDY, *FSDP2))
+    launch(smoke_args(split, *GREEDY, *FSDP2, "--train.updates", "1"))
     state = torch.load(split / "checkpoints" / "update-000001" / "trainer.pt", weights_only=True)
     shapes = {
-        k: tuple(v.shape) for k, v in _weights(split / "checkpoints/update-000001/model").items()
+        k: tuple(v.shape)
+        for k, v in saved_weights(split / "checkpoints/update-000001/model").items()
     }
     moments = state["optimizer"]["state"]
     assert set(moments) <= set(shapes) and len(moments) > 0
     assert all(tuple(m["exp_avg"].shape) == shapes[name] for name, m in moments.items())
-    _launch(smoke_args(split, *GREEDY, *FSDP2, "--resume"))
-    assert _gap(_weights(whole / "model"), _weights(split / "model")) == 0.0
+    launch(smoke_args(split, *GREEDY, *FSDP2, "--resume"))
+    assert _gap(saved_weights(whole / "model"), saved_weights(split / "model")) == 0.0
     # the saved folder is an ordinary --model folder for one process
     from mcgpo.policy import load_policy
 
     model, _ = load_policy(whole / "model")
-    loaded = {k: v for k, v in model.state_dict().items() if k in _weights(whole / "model")}
-    assert _gap(loaded, _weights(whole / "model")) == 0.0
+    loaded = {k: v for k, v in model.state_dict().items() if k in saved_weights(whole / "model")}
+    assert _gap(loaded, saved_weights(whole / "model")) == 0.0
     out = tmp_path / "eval"
     args = ["eval", "--preset", "household-smoke", "--model", str(whole / "model"), "--out"]
     assert main([*args, str(out), "--eval.temperature", "0.001", "--eval.tasks", "2"]) == 0

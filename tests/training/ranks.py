@@ -1,0 +1,27 @@
+"""Helpers of the multi-process tests: launch ``python -m mcgpo`` and read saved weights."""
+
+from __future__ import annotations
+
+import glob
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+
+def launch(args: list[str]) -> None:
+    """``python -m mcgpo ARGS`` in a subprocess on this checkout's ``src``; it must exit 0."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2] / "src")}
+    done = subprocess.run(
+        [sys.executable, "-m", "mcgpo", *args], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+def saved_weights(folder: Path) -> dict[str, torch.Tensor]:
+    """The tensors of the safetensors file of a saved model folder."""
+    from safetensors.torch import load_file
+
+    return load_file(glob.glob(str(folder / "*.safetensors"))[0])

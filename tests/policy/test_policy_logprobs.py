@@ -206,3 +206,99 @@ def test_bad_shapes_and_chunk_size(small_policy):
         token_log_probs(model, ids, torch.ones((2, 2)))
     with pytest.raises(ValueError, match="chunk_size must be >= 1 or None, got 0"):
         token_log_probs(model, ids, torch.ones_like(ids), chunk_size=0)
+
+
+def _response_rows(tok):
+    """Two rows, one left-padded, with the last 3 (row 0) and 2 (row 1) tokens as response."""
+    ids = torch.tensor([tok("open fridge 1 then take apple 1")["input_ids"]] * 2)
+    mask = torch.ones_like(ids)
+    mask[1, :2] = 0  # left padding
+    positions = torch.zeros_like(ids, dtype=torch.bool)
+    positions[0, -3:] = True
+    positions[1, -2:] = True
+    return ids, mask, positions
+
+
+@pytest.mark.parametrize("chunk", [None, 1, 2])
+@pytest.mark.parametrize("with_entropy", [True, False])
+def test_positions_give_the_whole_rows_values_there_and_zero_elsewhere(
+    small_policy, chunk, with_entropy
+):
+    """The head on the wanted positions only: the same log-probs and entropies there as the
+    whole-row pass, 0 elsewhere, and the same gradient for a loss on those positions."""
+    model, tok = small_policy
+    ids, mask, positions = _response_rows(tok)
+    whole_lp, whole_h = token_log_probs_and_entropy(model, ids, mask, with_entropy=with_entropy)
+    (whole_lp[positions].sum() + whole_h[positions].sum()).backward()
+    whole_grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    lp, h = token_log_probs_and_entropy(
+        model, ids, mask, with_entropy=with_entropy, chunk_size=chunk, positions=positions
+    )
+    (lp[positions].sum() + h[positions].sum()).backward()
+    assert torch.allclose(lp[positions], whole_lp[positions], atol=1e-6)
+    assert torch.allclose(h[positions], whole_h[positions], atol=1e-6)
+    assert (lp[~positions] == 0).all() and (h[~positions] == 0).all()
+    assert (lp[positions] < 0).all()
+    for p, g in zip(model.parameters(), whole_grads):
+        assert torch.allclose(p.grad, g, atol=1e-6)
+    model.zero_grad()
+    assert torch.equal(token_log_probs(model, ids, mask, positions=positions), lp.detach())
+
+
+def test_positions_on_padding_or_the_first_token_stay_zero(small_policy):
+    """A wanted position without a real prefix (t = 0, left padding) is 0, as in the whole
+    pass; no position wanted gives all zeros."""
+    model, tok = small_policy
+    ids, mask, _ = _response_rows(tok)
+    everywhere = torch.ones_like(ids, dtype=torch.bool)
+    with torch.no_grad():
+        whole = token_log_probs(model, ids, mask)
+        lp = token_log_probs(model, ids, mask, positions=everywhere)
+        none = token_log_probs(model, ids, mask, positions=torch.zeros_like(everywhere))
+    assert torch.allclose(lp, whole, atol=1e-6)
+    assert (lp[:, 0] == 0).all() and (lp[1, :3] == 0).all()
+    assert (none == 0).all() and none.shape == ids.shape
+
+
+def test_positions_through_policy_forward_and_ddp(small_policy, tmp_path):
+    """The wrapper DDP/FSDP2 see routes the positions through its one forward: the plain
+    model's values and gradients, bit for bit."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    model, tok = small_policy
+    params = list(model.parameters())
+    ids, mask, positions = _response_rows(tok)
+
+    def values_and_grads(learner):
+        lp, h = token_log_probs_and_entropy(learner, ids, mask, positions=positions)
+        (lp.sum() + h.sum()).backward()
+        grads = [p.grad.clone() for p in params]
+        for p in params:
+            p.grad = None
+        return lp.detach(), h.detach(), grads
+
+    plain = values_and_grads(model)
+    _one_rank_gloo(tmp_path)
+    try:
+        wrapped = PolicyForward(model)
+        for learner in (wrapped, DistributedDataParallel(wrapped)):
+            lp, h, grads = values_and_grads(learner)
+            assert torch.equal(lp, plain[0]) and torch.equal(h, plain[1])
+            assert all(torch.equal(g, ref) for g, ref in zip(grads, plain[2]))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_positions_bad_shape_and_soft_capped_models(small_policy):
+    model, _ = small_policy
+    ids = torch.ones((2, 3), dtype=torch.long)
+    with pytest.raises(ValueError, match=r"positions must be \[R, L\] like input_ids"):
+        token_log_probs(model, ids, torch.ones_like(ids), positions=torch.ones((2, 2)))
+    model.config.final_logit_softcapping = 30.0
+    try:
+        with pytest.raises(ValueError, match="final_logit_softcapping set"):
+            token_log_probs(model, ids, torch.ones_like(ids), positions=torch.ones_like(ids))
+    finally:
+        model.config.final_logit_softcapping = None

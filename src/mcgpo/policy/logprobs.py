@@ -12,6 +12,14 @@ uses the same rule, which is what makes its log-probs equal these (tested to 1e-
 
 Log-softmax is taken in float32 whatever the model's dtype.
 
+``positions`` (``[R, L]`` bool, e.g. the response mask): only these positions' values are
+wanted; the others come back 0. The head and the log-softmax then run on those positions'
+final hidden states only (gathered to ``[K, H]``), not on all R x L: a step row is a whole
+prompt of hundreds of tokens with a response of a few, and the losses (PPO, KL, entropy,
+the pair score, SFT) read response positions only. The values equal the whole-row ones up to
+float rounding of the smaller matrix product (tested). Like ``chunk_size`` it assumes
+``logits = lm_head(hidden)``.
+
 ``chunk_size``: the [R, L, V] logits are the memory peak for large vocabularies. With a
 chunk size the head and the log-softmax run ``chunk_size`` positions at a time on the final
 hidden states, under activation checkpointing when gradients are on, so only the [R, L]
@@ -67,11 +75,13 @@ def token_log_probs_and_entropy(
     *,
     with_entropy: bool = True,
     chunk_size: int | None = None,
+    positions: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Return ``(log_probs, entropy)``, both float32 ``[R, L]``, position-aligned (see module).
 
     Gradients flow when called outside ``torch.no_grad``. ``with_entropy=False`` returns
-    zeros for the entropy and skips its cost.
+    zeros for the entropy and skips its cost. ``positions`` (``[R, L]`` bool): compute only
+    these positions (the head runs on their hidden states alone); the rest are 0.
     """
     if input_ids.ndim != 2 or attention_mask.shape != input_ids.shape:
         raise ValueError(
@@ -80,10 +90,18 @@ def token_log_probs_and_entropy(
         )
     if chunk_size is not None and chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1 or None, got {chunk_size}")
+    if positions is not None and positions.shape != input_ids.shape:
+        raise ValueError(
+            f"positions must be [R, L] like input_ids; got {tuple(positions.shape)} and "
+            f"{tuple(input_ids.shape)}"
+        )
     mask = attention_mask.long()
     pos = position_ids(mask)
     targets = input_ids[:, 1:]
-    if chunk_size is None:
+    # where, not a product: logits at padding may be anything, even NaN, and must not leak
+    valid = (mask[:, 1:] * mask[:, :-1]).bool()
+    wanted = None if positions is None else valid & positions[:, 1:].bool()
+    if chunk_size is None and wanted is None:
         logits = model(
             input_ids=input_ids, attention_mask=mask, position_ids=pos, use_cache=False
         ).logits[:, :-1]
@@ -91,12 +109,14 @@ def token_log_probs_and_entropy(
     elif _routes_chunks(model):  # DDP / FSDP2: one forward of the wrapped module
         chosen, entropy = model(
             input_ids=input_ids, attention_mask=mask, chunk_size=chunk_size,
-            with_entropy=with_entropy,
+            with_entropy=with_entropy, wanted=wanted,
         )  # fmt: skip
     else:
-        chosen, entropy = _chunked(model, input_ids, mask, pos, targets, with_entropy, chunk_size)
-    # where, not a product: logits at padding may be anything, even NaN, and must not leak
-    valid = (mask[:, 1:] * mask[:, :-1]).bool()
+        chosen, entropy = _by_head(
+            model, input_ids, mask, pos, targets, with_entropy, chunk_size, wanted
+        )
+    if wanted is not None:
+        valid = wanted
     zero = torch.zeros_like(chosen[:, :1])
     log_probs = torch.cat([zero, torch.where(valid, chosen, 0.0)], dim=1)
     entropy = torch.cat([zero, torch.where(valid, entropy, 0.0)], dim=1)
@@ -107,9 +127,10 @@ class PolicyForward(torch.nn.Module):
     """``policy`` behind one forward, for DDP and FSDP2 to wrap.
 
     ``forward(**kwargs)`` is ``policy(**kwargs)``; ``forward(input_ids=, attention_mask=,
-    chunk_size=n, with_entropy=)`` is the chunked head's ``(chosen, entropy)``, each
-    ``[R, L-1]`` float32, unmasked (:func:`token_log_probs_and_entropy` masks them). Its
-    parameters are the policy's, under the prefix ``policy.``.
+    chunk_size=n, with_entropy=, wanted=)`` (a chunk size or ``wanted``, the ``[R, L-1]``
+    positions to compute) is the head path's ``(chosen, entropy)``, each ``[R, L-1]``
+    float32, unmasked (:func:`token_log_probs_and_entropy` masks them). Its parameters are
+    the policy's, under the prefix ``policy.``.
     """
 
     def __init__(self, policy: torch.nn.Module) -> None:
@@ -117,14 +138,20 @@ class PolicyForward(torch.nn.Module):
         self.policy = policy
 
     def forward(
-        self, *args: Any, chunk_size: int | None = None, with_entropy: bool = True, **kwargs: Any
+        self,
+        *args: Any,
+        chunk_size: int | None = None,
+        with_entropy: bool = True,
+        wanted: torch.Tensor | None = None,
+        **kwargs: Any,
     ) -> Any:
-        if chunk_size is None:
+        if chunk_size is None and wanted is None:
             return self.policy(*args, **kwargs)
         ids, mask = kwargs["input_ids"], kwargs["attention_mask"].long()
-        return _chunked(
-            self.policy, ids, mask, position_ids(mask), ids[:, 1:], with_entropy, chunk_size
-        )
+        return _by_head(
+            self.policy, ids, mask, position_ids(mask), ids[:, 1:], with_entropy, chunk_size,
+            wanted,
+        )  # fmt: skip
 
 
 def _routes_chunks(model: Any) -> bool:
@@ -134,21 +161,24 @@ def _routes_chunks(model: Any) -> bool:
     return isinstance(inner, PolicyForward)
 
 
-def _chunked(
+def _by_head(
     model: Any,
     input_ids: torch.Tensor,
     mask: torch.Tensor,
     pos: torch.Tensor,
     targets: torch.Tensor,
     with_entropy: bool,
-    chunk_size: int,
+    chunk_size: int | None,
+    wanted: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Body once, then the head on the final hidden states: on the ``wanted`` positions only
+    (``[R, L-1]`` bool) or chunk by chunk over all of them; ``[R, L-1]`` results."""
     config = getattr(model, "config", None)
     for name in ("final_logit_softcapping", "logit_scale", "output_multiplier_scale"):
         if getattr(config, name, None) not in (None, 1, 1.0):
             raise ValueError(
-                f"chunk_size is not supported for a model with config.{name} set; "
-                "use chunk_size=None"
+                f"chunk_size and positions are not supported for a model with config.{name} "
+                "set; use neither"
             )
     hidden = model.base_model(
         input_ids=input_ids, attention_mask=mask, position_ids=pos, use_cache=False
@@ -158,6 +188,8 @@ def _chunked(
     def piece(h: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return _head_stats(head(h), t, with_entropy)
 
+    if wanted is not None:
+        return _on_positions(piece, hidden, targets, wanted, chunk_size)
     chosen, entropy = [], []
     for s in range(0, hidden.shape[1], chunk_size):
         h, t = hidden[:, s : s + chunk_size], targets[:, s : s + chunk_size]
@@ -173,17 +205,51 @@ def _chunked(
     return torch.cat(chosen, dim=1), torch.cat(entropy, dim=1)
 
 
+def _on_positions(
+    piece: Any,
+    hidden: torch.Tensor,
+    targets: torch.Tensor,
+    wanted: torch.Tensor,
+    chunk_size: int | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The head's stats on the ``wanted`` positions' hidden states, scattered back into
+    zeros of ``[R, L-1]``; with ``chunk_size``, ``R * chunk_size`` positions at a time (the
+    memory of the chunked path over whole rows), under activation checkpointing."""
+    where = wanted.nonzero(as_tuple=True)
+    h, t = hidden[where], targets[where]  # [K, H], [K]
+    step = max(1, h.shape[0] if chunk_size is None else chunk_size * hidden.shape[0])
+    chosen, entropy = [], []
+    for s in range(0, h.shape[0], step):
+        hs, ts = h[s : s + step], t[s : s + step]
+        if chunk_size is not None and torch.is_grad_enabled() and hs.requires_grad:
+            c, e = checkpoint(piece, hs, ts, use_reentrant=False)
+        else:
+            c, e = piece(hs, ts)
+        chosen.append(c)
+        entropy.append(e)
+    zeros = hidden.new_zeros(targets.shape, dtype=torch.float32)
+    if not chosen:  # nothing wanted
+        return zeros, zeros
+    return (
+        zeros.index_put(where, torch.cat(chosen)),
+        zeros.index_put(where, torch.cat(entropy)),
+    )
+
+
 def token_log_probs(
     model: Any,
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,
     *,
     chunk_size: int | None = None,
+    positions: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``[R, L]`` float32: value at t = log p(input_ids[t] | input_ids[<t]); 0 at t=0 and pads."""
+    """``[R, L]`` float32: value at t = log p(input_ids[t] | input_ids[<t]); 0 at t=0 and pads
+    (and outside ``positions`` when given)."""
     return token_log_probs_and_entropy(
-        model, input_ids, attention_mask, with_entropy=False, chunk_size=chunk_size
-    )[0]
+        model, input_ids, attention_mask, with_entropy=False, chunk_size=chunk_size,
+        positions=positions,
+    )[0]  # fmt: skip
 
 
 def token_entropy(

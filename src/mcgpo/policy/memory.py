@@ -18,8 +18,9 @@ inputs under autocast; h hidden, f MLP, q = heads x head_dim, k = kv heads x hea
 
 In fp32 every 2 above becomes 4 and the casts vanish: 16h + 28q + 8k + 16f. With gradient
 checkpointing a layer keeps only its fp32 input (4h) and one layer at a time holds the
-full set while it is recomputed. The LM head (``train.logits_chunk`` positions per row at a
-time, all positions if 0) holds bf16 logits, their fp32 upcast and log-softmax, and for the
+full set while it is recomputed. The LM head runs on the response positions only (the
+update passes the response mask as ``positions``; ``train.logits_chunk`` x rows of them at a
+time, all if 0) and holds bf16 logits, their fp32 upcast and log-softmax, and for the
 entropy its exp: 14 bytes per vocabulary entry per position.
 """
 
@@ -85,7 +86,8 @@ def activation_bytes_per_token(
 
 
 def head_bytes(config: Any, rows: int, positions: int, chunk: int = 0) -> int:
-    """Bytes of the LM head's logits, log-softmax and entropy for ``rows x positions``."""
+    """Bytes of the LM head's logits, log-softmax and entropy for ``rows x positions``
+    (``positions`` per row: the response tokens, which the head runs on)."""
     width = min(chunk, positions) if chunk else positions
     return 14 * config.vocab_size * rows * width
 
@@ -117,6 +119,7 @@ def plan(
     micro_rows: int = 8,
     row_tokens: int = 2048,
     logits_chunk: int = 512,
+    response_tokens: int = 512,
     sequences: int = 128,
     kl: bool = True,
 ) -> MemoryPlan:
@@ -133,7 +136,7 @@ def plan(
     ref = 4 * n / gpus if kl else 0.0
     tokens = micro_rows * row_tokens
     acts = tokens * activation_bytes_per_token(config, checkpointing=checkpointing)
-    head = head_bytes(config, micro_rows, row_tokens, logits_chunk)
+    head = head_bytes(config, micro_rows, min(response_tokens, row_tokens), logits_chunk)
     kv = sequences * row_tokens * kv_cache_bytes_per_token(config)
     rollout = 6 * n + 8 * n / gpus + ref + kv
     return MemoryPlan(

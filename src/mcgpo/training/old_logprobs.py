@@ -64,7 +64,10 @@ def recompute_log_probs(
             continue
         mb = batch.select(rows).to(device)
         with compute(precision, device):
-            lp = token_log_probs(model, mb.input_ids, mb.attention_mask, chunk_size=chunk_size)
+            lp = token_log_probs(
+                model, mb.input_ids, mb.attention_mask, chunk_size=chunk_size,
+                positions=mb.response_mask,
+            )  # fmt: skip
         lp = torch.where(mb.response_mask, lp, torch.zeros_like(lp))
         out[torch.as_tensor(rows), : lp.shape[1]] = lp.to(out.device)
         seen[rows] = True

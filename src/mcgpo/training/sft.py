@@ -101,7 +101,9 @@ def sft_loss(model: Any, batch: TokenBatch) -> torch.Tensor:
     """Token-mean negative log-likelihood of the response tokens."""
     from mcgpo.policy.logprobs import token_log_probs
 
-    log_probs = token_log_probs(model, batch.input_ids, batch.attention_mask)
+    log_probs = token_log_probs(
+        model, batch.input_ids, batch.attention_mask, positions=batch.response_mask
+    )
     mask = batch.response_mask.to(log_probs.dtype)
     return -(log_probs * mask).sum() / mask.sum().clamp(min=1.0)
 

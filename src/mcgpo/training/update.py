@@ -406,11 +406,13 @@ def _micro_step(
     with compute(cfg.precision, mb.device):
         log_probs, entropy = token_log_probs_and_entropy(
             model, mb.input_ids, mb.attention_mask, with_entropy=cfg.entropy_coef > 0,
-            chunk_size=chunk,
+            chunk_size=chunk, positions=mask,
         )  # fmt: skip
         if cfg.kl_coef > 0:
             with torch.no_grad():
-                ref = token_log_probs(ref_model, mb.input_ids, mb.attention_mask, chunk_size=chunk)
+                ref = token_log_probs(
+                    ref_model, mb.input_ids, mb.attention_mask, chunk_size=chunk, positions=mask
+                )
     if probe is not None:
         probe.append(_probe(log_probs.detach(), mb.old_log_probs, mask))
     task, task_stats = task_loss(

@@ -106,7 +106,7 @@ def clip_gradients(params: Iterable[torch.nn.Parameter], max_norm: float) -> tor
 
 def _pairs_inside(rows: np.ndarray, pairs: PairBatch) -> PairBatch:
     """The pairs with both rows in ``rows``, re-indexed to positions in ``rows``."""
-    if len(pairs.plus) == 0:
+    if len(pairs.plus) == 0 or len(rows) == 0:  # no rows: a step of other ranks' groups only
         return PairBatch.empty()
     where = np.full(int(max(rows.max(), pairs.plus.max(), pairs.minus.max())) + 1, -1)
     where[rows] = np.arange(len(rows))

@@ -82,3 +82,27 @@ def test_bad_input_names_the_problem():
     bad[1, 4] = True  # a padding position of row 1
     with pytest.raises(TokenBatchError, match="row 1: response_mask is True on a padding"):
         TokenBatch(tb.input_ids, tb.attention_mask, bad, tb.old_log_probs)
+
+
+def test_concatenate_pads_to_the_widest_and_keeps_every_row():
+    a = TokenBatch.from_sequences([[5, 6]], [[7]], [[-0.5]], pad_token_id=9)  # width 3
+    b = TokenBatch.from_sequences(
+        [[1], [2, 3, 4]], [[8], [8, 8]], [[-1.0], [-2.0, -3.0]], pad_token_id=9
+    )
+    both = TokenBatch.concatenate([a, b])
+    assert both.input_ids.tolist() == [[5, 6, 7, 0, 0], [1, 8, 9, 9, 9], [2, 3, 4, 8, 8]]
+    assert both.attention_mask.tolist() == [[1, 1, 1, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 1, 1]]
+    assert both.response_mask.tolist() == [
+        [False, False, True, False, False],
+        [False, True, False, False, False],
+        [False, False, False, True, True],
+    ]
+    assert both.old_log_probs[2, 3:].tolist() == [-2.0, -3.0]
+    for i, part in enumerate([a.select([0]), b.select([0]), b.select([1])]):
+        row = both.select([i])  # the same real tokens, masks and log-probs as before
+        real = row.attention_mask.bool()
+        assert torch.equal(row.input_ids[real], part.input_ids[part.attention_mask.bool()])
+        assert torch.equal(row.response_mask, part.response_mask)
+        assert torch.equal(row.old_log_probs, part.old_log_probs)
+    empty = TokenBatch.concatenate([])
+    assert len(empty) == 0 and len(TokenBatch.concatenate([a, empty.select([])])) == 1

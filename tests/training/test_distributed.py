@@ -184,31 +184,75 @@ def test_progress_gpo_fail_share_is_refused_across_processes(tmp_path, smoke_arg
     st.lists(st.integers(1, 7), min_size=1, max_size=12),
     st.integers(1, 4),
     st.integers(0, 20),
+    st.integers(0, 5),
 )
-def test_rank_layouts_are_the_single_process_layout_cut_by_rank(sizes, world_size, size):
-    """Each rank's part of step k, shifted by the rows of earlier ranks, is exactly the
-    single process's step k restricted to that rank's rows (ranks hold contiguous blocks of
-    whole groups); the gather is replaced by the list every rank would receive."""
+def test_ranks_deal_every_micro_batch_of_the_single_process_layout_once(
+    sizes, world_size, size, micro
+):
+    """Each micro-batch of every step of the single process's layout goes to exactly one
+    rank, unchanged and in its order; a rank's share of a step is balanced (greedy, largest
+    first: no rank ends more than one micro-batch's cost above the least loaded)."""
+    from mcgpo.rollout import TokenBatch
     from mcgpo.training import update
+    from mcgpo.training.config import TrainConfig
 
     groups = np.repeat(np.arange(len(sizes)), sizes)
-    single = update.plan_mini_batches(len(groups), size, groups)
-    blocks = [list(rank_block(len(sizes), World(r, world_size))) for r in range(world_size)]
-    counts = [[sizes[g] for g in block] for block in blocks]
-    row0 = 0
-    for r, block in enumerate(blocks):
-        local = np.repeat(np.arange(len(block)), counts[r])
-        original = update.gather_objects
-        update.gather_objects = lambda obj, world, c=counts: c
-        try:
-            mine = update.plan_rank_mini_batches(len(local), size, local, World(r, world_size))
-        finally:
-            update.gather_objects = original
-        assert len(mine) == len(single)
-        for k, step in enumerate(single):
-            expected = step[(step >= row0) & (step < row0 + len(local))] - row0
-            assert mine[k].tolist() == expected.tolist()
-        row0 += len(local)
+    n = len(groups)
+    gen = np.random.default_rng(n)
+    prompts = [[1] * int(gen.integers(1, 6)) for _ in range(n)]
+    batch = TokenBatch.from_sequences(prompts, [[2]] * n, [[0.0]] * n, pad_token_id=0)
+    cfg = TrainConfig(mini_batch_size=size, micro_batch_size=micro)
+    layout = update._layout(batch, cfg, update.PairBatch.empty(), groups)
+    lengths = batch.attention_mask.sum(1).numpy()
+    shares = [update._deal(layout, batch, World(r, world_size)) for r in range(world_size)]
+    for k, micros in enumerate(layout.steps):
+        dealt = [rows[m] for share, rows in shares for m in share.steps[k]]
+        assert sorted(map(tuple, dealt)) == sorted(map(tuple, micros))  # each exactly once
+        for share, rows in shares:  # a rank's micro-batches keep the layout's order
+            mine = [tuple(rows[m]) for m in share.steps[k]]
+            assert mine == [tuple(m) for m in micros if tuple(m) in mine]
+        costs = [
+            [len(rows[m]) * lengths[rows[m]].max() for m in sh.steps[k]] for sh, rows in shares
+        ]
+        loads = [sum(c) for c in costs]
+        largest = max((len(m) * lengths[m].max() for m in micros), default=0)
+        assert max(loads) - min(loads) <= largest
+    for share, rows in shares:
+        assert share.rows == layout.rows and share.tokens == layout.tokens  # whole steps
+        assert rows.tolist() == sorted(
+            {int(r) for micros in share.steps for m in micros for r in rows[m]}
+        )
+
+
+def test_the_whole_batch_shifts_rows_pairs_and_groups_past_earlier_ranks(monkeypatch):
+    """What every rank gathers: rank 0's 3 rows (groups 0, 1) then rank 1's 2 rows (group 0
+    of its own), pairs and groups renumbered as in the single process."""
+    from mcgpo.rollout import TokenBatch
+    from mcgpo.training import update
+
+    def part(widths, plus, minus, groups):
+        batch = TokenBatch.from_sequences(
+            [[1] * w for w in widths], [[2]] * len(widths), [[0.0]] * len(widths), pad_token_id=0
+        )
+        pairs = update.PairBatch(np.array(plus), np.array(minus), np.array([0.5] * len(plus)))
+        return batch, np.arange(len(widths), dtype=np.float32), pairs, np.array(groups)
+
+    parts = [part([2, 3, 1], [0], [1], [0, 0, 1]), part([4, 1], [1], [0], [0, 0])]
+    monkeypatch.setattr(update, "gather_objects", lambda obj, world: parts)
+    batch, adv, pairs, groups = update._whole_batch(*parts[1], World(1, 2))
+    assert len(batch) == 5 and batch.attention_mask.sum(1).tolist() == [3, 4, 2, 5, 2]
+    assert adv.tolist() == [0, 1, 2, 0, 1] and adv.dtype == np.float32
+    assert pairs.plus.tolist() == [0, 4] and pairs.minus.tolist() == [1, 3]
+    assert groups.tolist() == [0, 0, 1, 2, 2]
+
+
+def test_threads_per_process_fit_the_cores_of_the_machine():
+    from mcgpo.training.setup import process_threads
+
+    assert process_threads(2, 1, 2) == 2  # one process: as asked
+    assert process_threads(2, 2, 2) == 1  # 2 x 2 threads on 2 cores: capped
+    assert process_threads(4, 2, 16) == 4 and process_threads(8, 4, 16) == 4
+    assert process_threads(3, 4, 2) == 1  # never below 1
 
 
 def _free_port() -> int:

@@ -135,6 +135,27 @@ class TokenBatch:
             self.old_log_probs[idx, :width],
         )
 
+    @classmethod
+    def concatenate(cls, batches: Sequence[TokenBatch]) -> TokenBatch:
+        """The rows of ``batches`` in order, right-padded to the widest (pad id 0: padding
+        ids never matter, the attention mask says what is real)."""
+        width = max((b.input_ids.shape[1] for b in batches), default=0)
+
+        def padded(t: torch.Tensor) -> torch.Tensor:
+            out = t.new_zeros((t.shape[0], width))
+            out[:, : t.shape[1]] = t
+            return out
+
+        if not batches:
+            empty = torch.zeros((0, 0), dtype=torch.int64)
+            return cls(empty, empty, empty.bool(), empty.float())
+        return cls(
+            *(
+                torch.cat([padded(getattr(b, name)) for b in batches])
+                for name in ("input_ids", "attention_mask", "response_mask", "old_log_probs")
+            )
+        )
+
     def to(self, device: torch.device | str) -> TokenBatch:
         """The same batch on another device."""
         return TokenBatch(

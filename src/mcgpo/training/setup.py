@@ -231,12 +231,26 @@ def apply_runtime(cfg: RunConfig) -> None:
     if cfg.device.startswith("cuda"):
         _set_tf32(cfg.train.tf32)
     if cfg.threads:
-        torch.set_num_threads(cfg.threads)
+        torch.set_num_threads(process_threads(cfg.threads))
     if cfg.deterministic:
         torch.use_deterministic_algorithms(True)
     random.seed(cfg.seed)
     np.random.seed(cfg.seed % 2**32)
     torch.manual_seed(cfg.seed)
+
+
+def process_threads(threads: int, local_world: int | None = None, cores: int | None = None) -> int:
+    """Torch threads of this process: ``threads``, capped so that the processes launched on
+    this machine (``LOCAL_WORLD_SIZE``, set by torchrun and ``--nproc``) use at most its
+    cores together (never below 1). Two processes with a preset's 2 threads each on a
+    2-core machine made the sampler's many small operations about 10 times slower
+    (OpenMP threads spinning against each other)."""
+    if local_world is None:
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
+    cores = cores or os.cpu_count() or 1
+    if local_world <= 1:
+        return threads
+    return max(1, min(threads, cores // local_world))
 
 
 def load_model(

@@ -43,6 +43,12 @@ Aggregation, stated exactly:
    autocast for bf16-mixed); backward runs outside autocast, as torch prescribes; log-probs
    and losses are float32. The first optimiser step (theta = theta_old) also reports how far
    the ratio is from 1 and the spread of the pair score d there (``pi_old/*``, ``pairs/*``).
+7. W > 1 processes: every rank gathers the whole batch, plans the layout of items 3-4 on
+   it, and runs a share of each step's micro-batches (balanced by rows x padded length), so
+   the W ranks compute the single process's micro-batches and their summed gradient is its
+   gradient; only the order of the sums differs. (Ranks hold contiguous blocks of groups
+   for rollouts and credit; splitting the update by those blocks would put a whole step on
+   one rank whenever a step is smaller than a block, with no data parallelism at all.)
 """
 
 from __future__ import annotations
@@ -63,7 +69,6 @@ from mcgpo.training.config import TrainConfig
 from mcgpo.training.distributed import (
     SINGLE,
     World,
-    all_sum,
     gather_objects,
     gradient_sync,
     sharded,
@@ -76,7 +81,6 @@ __all__ = [
     "PairBatch",
     "clip_gradients",
     "plan_mini_batches",
-    "plan_rank_mini_batches",
     "update_policy",
 ]
 
@@ -146,39 +150,6 @@ def plan_mini_batches(n_rows: int, size: int, groups: np.ndarray | None = None) 
     return [np.flatnonzero(step_of_row == k) for k in range(step + 1)]
 
 
-def plan_rank_mini_batches(
-    n_rows: int, size: int, groups: np.ndarray | None, world: World
-) -> list[np.ndarray]:
-    """This rank's rows of each optimiser step of the *global* layout (W > 1).
-
-    The ranks hold contiguous blocks of whole groups in global group order. Every rank
-    gathers the row count of every group of every rank, plans the single-process layout
-    (:func:`plan_mini_batches`) over those counts, and keeps its own rows of each step; a
-    rank with no rows in a step gets an empty array (it still joins that step's all-reduce).
-    So step k uses exactly the rows of the single process's step k.
-    """
-    if groups is None:
-        groups = np.arange(n_rows)
-    groups = np.asarray(groups).reshape(-1)
-    if groups.shape != (n_rows,):
-        raise ValueError(f"groups has shape {groups.shape}, expected ({n_rows},)")
-    _, first, member = np.unique(groups, return_index=True, return_inverse=True)
-    order = np.argsort(first, kind="stable")  # local groups in order of their first row
-    counts = np.bincount(member, minlength=len(first))[order]
-    every = gather_objects(counts.tolist(), world)
-    offset = sum(len(c) for c in every[: world.rank])
-    sizes = np.concatenate([np.asarray(c, dtype=np.int64) for c in every])
-    global_groups = np.repeat(np.arange(len(sizes)), sizes)
-    minis = plan_mini_batches(len(global_groups), size, global_groups)
-    step_of_global = np.empty(len(sizes), dtype=np.int64)
-    for k, rows in enumerate(minis):
-        step_of_global[global_groups[rows]] = k
-    rank_of_local = np.empty(len(first), dtype=np.int64)
-    rank_of_local[order] = np.arange(len(first))  # local group id -> position in `order`
-    step_of_row = step_of_global[offset + rank_of_local[member]]
-    return [np.flatnonzero(step_of_row == k) for k in range(len(minis))]
-
-
 @dataclass(frozen=True)
 class _Layout:
     """The rows of every micro-batch of every optimiser step, planned once per update."""
@@ -192,14 +163,11 @@ class _Layout:
 
 
 def _layout(
-    batch: TokenBatch, cfg: TrainConfig, pairs: PairBatch, groups: np.ndarray | None, world: World
+    batch: TokenBatch, cfg: TrainConfig, pairs: PairBatch, groups: np.ndarray | None
 ) -> _Layout:
     """Mini-batches by task group; inside each, rows by length cut into micro-batches."""
     n = len(batch)
-    if world.size == 1:
-        minis = plan_mini_batches(n, cfg.mini_batch_size, groups)
-    else:
-        minis = plan_rank_mini_batches(n, cfg.mini_batch_size, groups, world)
+    minis = plan_mini_batches(n, cfg.mini_batch_size, groups)
     step_of_row = np.empty(n, dtype=np.int64)
     for k, mini in enumerate(minis):
         step_of_row[mini] = k
@@ -221,11 +189,70 @@ def _layout(
     widest = max(
         (len(rows) * int(lengths[rows].max()) for micros in steps for rows in micros), default=0
     )
-    counts = [(len(mini), int(batch.response_mask[torch.as_tensor(mini)].sum())) for mini in minis]
-    if world.size > 1:  # one all-reduce for the normalisers of every step
-        counts = all_sum(counts, world).astype(np.int64).tolist()
-    rows, tokens = [int(r) for r, _ in counts], [int(t) for _, t in counts]
+    rows = [len(mini) for mini in minis]
+    tokens = [int(batch.response_mask[torch.as_tensor(mini)].sum()) for mini in minis]
     return _Layout(steps, rows, tokens, split_mini, split_micro, widest)
+
+
+def _whole_batch(
+    batch: TokenBatch,
+    advantages: np.ndarray,
+    pairs: PairBatch,
+    groups: np.ndarray | None,
+    world: World,
+) -> tuple[TokenBatch, np.ndarray, PairBatch, np.ndarray]:
+    """Every rank's rows laid end to end in rank order (the single process's batch: the
+    ranks hold contiguous blocks of whole groups), with row and group ids shifted past the
+    earlier ranks'. One gather of the (CPU) token batch per update."""
+    if groups is None:
+        groups = np.arange(len(batch))
+    mine = (batch.to("cpu"), np.asarray(advantages), pairs, np.asarray(groups).reshape(-1))
+    parts = gather_objects(mine, world)
+    rows = np.cumsum([0] + [len(p[0]) for p in parts])
+    group_ids = np.cumsum([0] + [int(p[3].max()) + 1 if len(p[3]) else 0 for p in parts])
+    return (
+        TokenBatch.concatenate([p[0] for p in parts]),
+        np.concatenate([p[1] for p in parts]).astype(advantages.dtype, copy=False),
+        PairBatch(
+            np.concatenate([p[2].plus + r for p, r in zip(parts, rows)]).astype(np.int64),
+            np.concatenate([p[2].minus + r for p, r in zip(parts, rows)]).astype(np.int64),
+            np.concatenate([p[2].weight for p in parts]),
+        ),
+        np.concatenate([p[3] + g for p, g in zip(parts, group_ids)]),
+    )
+
+
+def _deal(layout: _Layout, batch: TokenBatch, world: World) -> tuple[_Layout, np.ndarray]:
+    """This rank's micro-batches of every step of the whole batch's layout, and its rows.
+
+    In each step the micro-batches go, largest first (rows x padded length), to the rank
+    with the least work so far in that step (ties: the lower rank), and keep their order;
+    every rank computes the same assignment. Returns the layout with this rank's
+    micro-batches as positions in its rows (``batch.select(rows)``), the normalisers of the
+    whole steps unchanged, the layout-wide pair counts on rank 0 only (the metrics merge
+    sums them over the ranks), and the rows in batch order.
+    """
+    lengths = batch.attention_mask.sum(1).cpu().numpy()
+    steps: list[list[np.ndarray]] = []
+    for micros in layout.steps:
+        cost = [len(rows) * int(lengths[rows].max()) for rows in micros]
+        load, owner = np.zeros(world.size), np.empty(len(micros), dtype=np.int64)
+        for i in sorted(range(len(micros)), key=lambda i: -cost[i]):  # stable: ties keep order
+            owner[i] = int(np.argmin(load))
+            load[owner[i]] += cost[i]
+        steps.append([rows for rows, r in zip(micros, owner) if r == world.rank])
+    rows = np.sort(np.concatenate([r for micros in steps for r in micros] or [np.zeros(0, int)]))
+    where = np.full(len(batch), -1, dtype=np.int64)
+    where[rows] = np.arange(len(rows))
+    local = [[where[r] for r in micros] for micros in steps]
+    first = world.rank == 0
+    layout = dataclasses.replace(
+        layout,
+        steps=local,
+        split_mini=layout.split_mini if first else 0,
+        split_micro=layout.split_micro if first else 0,
+    )
+    return layout, rows.astype(np.int64)
 
 
 class _Averages:
@@ -270,20 +297,28 @@ def update_policy(
     task groups (:func:`plan_mini_batches`); None treats every row as its own group.
     ``ref_model`` is the frozen reference for the KL term (needed when ``cfg.kl_coef > 0``).
     ``world`` (W > 1): ``model`` is DDP-wrapped (or FSDP2-sharded) and ``batch`` is this
-    rank's block of whole groups; the steps follow the global layout
-    (:func:`plan_rank_mini_batches`), the normalisers are the global row and token counts,
-    and each rank's loss is scaled by W because DDP and FSDP2 average the gradients: the
-    summed gradient is the single-process one (FSDP2: :func:`_same_pass_count` too).
+    rank's block of whole groups (``pairs`` and ``groups`` in its own numbering). The ranks
+    gather the whole batch (:func:`_whole_batch`), each plans the single process's layout
+    of it and runs its share of every step's micro-batches (:func:`_deal`); the normalisers
+    are the whole steps' row and token counts, and each rank's loss is scaled by W because
+    DDP and FSDP2 average the gradients: the summed gradient is the single-process one, from
+    the same micro-batches (FSDP2: :func:`_same_pass_count` too).
     Returns averaged statistics (losses, clip fractions, KL, entropy, gradient norm).
     """
-    n = _check_inputs(batch, advantages, cfg, ref_model)
-    total = n if world.size == 1 else int(all_sum([n], world)[0])
-    if total == 0:  # every trajectory of the batch errored: nothing to learn from
-        return {"update/optimizer_steps": 0.0, "update/rows": 0.0, "update/tokens": 0.0}
+    _check_inputs(batch, advantages, cfg, ref_model)
     pairs = pairs if pairs is not None and lambda_pair > 0 else PairBatch.empty()
-    layout = _layout(batch, cfg, pairs, groups, world)
-    if world.size > 1 and sharded(model):
-        layout = _same_pass_count(layout, world)
+    if world.size > 1:  # every rank plans the single process's layout of the whole batch
+        batch, advantages, pairs, groups = _whole_batch(batch, advantages, pairs, groups, world)
+    if len(batch) == 0:  # every trajectory of the batch errored: nothing to learn from
+        return {"update/optimizer_steps": 0.0, "update/rows": 0.0, "update/tokens": 0.0}
+    layout = _layout(batch, cfg, pairs, groups)
+    given = len(pairs.plus)
+    if world.size > 1:  # ... and runs its share of the micro-batches of every step
+        layout, mine = _deal(layout, batch, world)
+        batch, advantages, pairs = batch.select(mine), advantages[mine], _pairs_inside(mine, pairs)
+        given = given if world.main else 0
+        if sharded(model):
+            layout = _same_pass_count(layout, world)
     device = next(model.parameters()).device
     params = [p for p in model.parameters() if p.requires_grad]
     model.train()
@@ -325,7 +360,7 @@ def update_policy(
                 skipped += 1
     optimizer.zero_grad(set_to_none=True)
     out = totals.means()
-    counts = _counts(batch, layout, pairs, steps, skipped, used / cfg.ppo_epochs)
+    counts = _counts(batch, layout, given, steps, skipped, used / cfg.ppo_epochs)
     return {**out, **counts, **old_stats, **at_old_stats(probe), **memory.stop()}
 
 
@@ -341,16 +376,16 @@ def _check_inputs(
 
 
 def _counts(
-    batch: TokenBatch, layout: _Layout, pairs: PairBatch, steps: int, skipped: int, used: float
+    batch: TokenBatch, layout: _Layout, given: int, steps: int, skipped: int, used: float
 ) -> dict[str, float]:
-    """The counts of one update on this rank (steps, rows, tokens, pairs)."""
+    """The counts of one update on this rank (steps; rows, tokens and pairs it ran)."""
     return {
         "update/optimizer_steps": float(steps),
         "update/skipped": float(skipped),
         "update/rows": float(len(batch)),
         "update/tokens": float(batch.response_mask.sum()),
         "update/max_micro_tokens": float(layout.widest),
-        "pairs/given": float(len(pairs.plus)),
+        "pairs/given": float(given),
         "pairs/split_mini": float(layout.split_mini),
         "pairs/split_micro": float(layout.split_micro),
         "pairs/used": float(used),

@@ -151,6 +151,14 @@ def test_sft_then_eval(micro_model, tmp_path, capsys):
     # evaluates exactly as it did at the end of the warm start
     assert {k: v for k, v in stats.items() if k != "command"} == summary["after"]
     assert "evaluation of" in capsys.readouterr().out
+    # eval.temperature 0 is greedy: the arg-max action whatever the sampling seed
+    greedy = []
+    for seed in ("0", "7"):
+        out = tmp_path / f"greedy-{seed}"
+        assert main([*args[:-1], str(out), "--eval.temperature", "0", "--seed", seed]) == 0
+        greedy.append(json.loads((out / "eval.json").read_text()))
+    a, b = ({k: v for k, v in g.items() if k not in ("command", "eval/time")} for g in greedy)
+    assert a == b and a["eval/episodes"] == 2.0
 
 
 def test_mcgpo_without_the_pair_term_is_graphgpo(micro_model, smoke_args, tmp_path):

@@ -117,7 +117,11 @@ class RolloutConfig:
         for name in ("groups", "group_size", "max_new_tokens", "max_prompt_tokens"):
             _at_least(f"rollout.{name}", getattr(self, name), 1)
         _at_least("rollout.history", self.history, 0)
-        _positive("rollout.temperature", self.temperature)
+        if not self.temperature > 0:  # greedy siblings would all act alike: nothing to compare
+            raise ConfigError(
+                f"rollout.temperature must be > 0 (at 0 the N siblings of a task act alike), "
+                f"got {self.temperature}"
+            )
         _choice("rollout.response_format", self.response_format, ("auto", "think", "action"))
         # the names of mcgpo.rollout.static_decode.SAMPLERS (not imported: it imports torch)
         _choice("rollout.sampler", self.sampler, ("dynamic", "static"))
@@ -213,12 +217,12 @@ class EvalConfig:
     every: int = _opt(5, "evaluate every k updates (and before the first and after the last)")
     tasks: int = _opt(128, "held-out tasks per evaluation")
     split: str = _opt("valid_seen", "split the held-out tasks come from")
-    temperature: float = _opt(0.4, "sampling temperature for evaluation")
+    temperature: float = _opt(0.4, "sampling temperature for evaluation; 0 = greedy")
 
     def check(self) -> None:
         _at_least("eval.every", self.every, 0)
         _at_least("eval.tasks", self.tasks, 0)
-        _positive("eval.temperature", self.temperature)
+        _at_least("eval.temperature", self.temperature, 0.0)
 
 
 @dataclass(frozen=True)

@@ -4,8 +4,10 @@
   :class:`~mcgpo.training.config.RunConfig` that the command takes
   (:data:`~mcgpo.training.run_commands.COMMANDS`) is a flag: top-level fields as ``--model``,
   ``--out``, ``--save-rollouts``; section fields dotted (``--train.lr 1e-4``). Estimator
-  options are ``--algo.<option>`` and MCGPO preference options ``--algo.pairs.<option>``,
-  checked against the chosen algorithm; environment options are ``--env.<option>``. Values
+  options are ``--algo.<option>`` (or ``--algo.<estimator>.<option>``: only for the
+  algorithms that run that estimator) and MCGPO preference options
+  ``--algo.pairs.<option>``, checked against the chosen algorithm; environment options are
+  ``--env.<option>``. Values
   resolve as dataclass defaults < ``--preset`` < flags.
 * ``report``: the held-out success of run folders side by side.
 * ``presets``: the shipped presets, each with the command on its first line.
@@ -82,7 +84,11 @@ def _algo_epilog() -> str:
     from mcgpo.options import option_help
     from mcgpo.training.algorithms import ALGORITHMS, algorithm_options
 
-    lines = ["algorithms and their options (--algo.<option> VALUE):"]
+    lines = [
+        "algorithms and their options (--algo.<option> VALUE; --algo.<estimator>.<option> "
+        "VALUE applies only to algorithms that run that estimator, e.g. --algo.graphgpo.omega "
+        "for graphgpo, mcgpo and graphgpo_shaping):"
+    ]
     reasons: dict[str, dict[str, tuple[object, str]]] = {}
     for name in sorted(ALGORITHMS):
         options, pairs = algorithm_options(name)
@@ -141,7 +147,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _extra_options(command: str, sections: tuple[str, ...], rest: list[str]) -> dict[str, Any]:
     """Component options left by argparse: ``--env.<option> V`` (every command with an env
-    section), ``--algo.<option> V`` and ``--algo.pairs.<option> V`` (train)."""
+    section), ``--algo.<option> V``, ``--algo.pairs.<option> V`` and
+    ``--algo.<estimator>.<option> V`` (train)."""
     found: dict[str, Any] = {}
     i = 0
     while i < len(rest):
@@ -159,8 +166,8 @@ def _extra_options(command: str, sections: tuple[str, ...], rest: list[str]) -> 
             i += 1
         i += 1
         path = name.replace("-", "_").split(".")
-        if section == "algo" and len(path) == 2 and path[0] == "pairs":
-            found.setdefault("algo", {}).setdefault("pairs", {})[path[1]] = value
+        if section == "algo" and len(path) == 2:  # --algo.pairs.<o>, --algo.<estimator>.<o>
+            found.setdefault("algo", {}).setdefault(path[0], {})[path[1]] = value
         elif len(path) == 1:
             found.setdefault(section, {})[path[0]] = value
         else:

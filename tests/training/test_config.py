@@ -206,6 +206,42 @@ def test_resolve_algo_fills_defaults_and_checks_options():
         resolve_algo(AlgoConfig(name="grpo", estimator={"norm_by_std": "3"}), 8)
 
 
+def test_estimator_tables_apply_to_the_algorithms_that_run_that_estimator():
+    """[algo.graphgpo] omega = 0.2: graphgpo, mcgpo and graphgpo_shaping get it (they run
+    GraphGPO's estimator), GRPO runs without it; a flat --algo.omega wins over the table."""
+    cfg = from_dict({"algo": {"graphgpo": {"omega": 0.2}, "gigpo": {"gamma": 0.7}}})
+    assert cfg.algo.per_estimator == {"graphgpo": {"omega": 0.2}, "gigpo": {"gamma": 0.7}}
+    for name in ("graphgpo", "mcgpo", "graphgpo_shaping"):
+        algo = resolve_algo(dataclasses.replace(cfg.algo, name=name), 8)
+        assert algo.estimator["omega"] == 0.2, name
+    assert "omega" not in resolve_algo(dataclasses.replace(cfg.algo, name="grpo"), 8).estimator
+    gigpo = resolve_algo(dataclasses.replace(cfg.algo, name="gigpo"), 8).estimator
+    assert gigpo["gamma"] == 0.7 and "omega" not in gigpo
+    flat = from_dict({"algo": {"name": "mcgpo", "omega": 0.3}}, cfg)
+    assert resolve_algo(flat.algo, 8).estimator["omega"] == 0.3
+    # every table is checked, also one the chosen algorithm does not use
+    with pytest.raises(ConfigError, match=r"unknown option --algo.gigpo.kappa for gigpo"):
+        resolve_algo(AlgoConfig(name="grpo", per_estimator={"gigpo": {"kappa": 1}}), 8)
+    with pytest.raises(ConfigError, match=r"unknown estimator table \[algo.ppo\]; estimators:"):
+        resolve_algo(AlgoConfig(name="grpo", per_estimator={"ppo": {"omega": 1}}), 8)
+    with pytest.raises(ConfigError, match=re.escape("--algo.graphgpo.omega")):
+        resolve_algo(AlgoConfig(name="grpo", per_estimator={"graphgpo": {"omega": "x"}}), 8)
+
+
+def test_estimator_tables_from_the_command_line_and_through_config_toml():
+    from mcgpo.cli import resolve
+
+    cfg = resolve("train", ["--algo.name", "grpo", "--algo.graphgpo.omega", "0.25"])
+    assert cfg.algo.per_estimator == {"graphgpo": {"omega": "0.25"}}
+    text = to_toml(resolve_run(cfg))  # the run folder's config.toml of a GRPO run
+    assert "[algo.graphgpo]" in text
+    back = from_dict(parse_toml(text))
+    assert back.algo.per_estimator == {"graphgpo": {"omega": "0.25"}}
+    assert "omega" not in back.algo.estimator  # GRPO's resolved options: no omega
+    as_mcgpo = resolve_algo(dataclasses.replace(back.algo, name="mcgpo", estimator={}), 8)
+    assert as_mcgpo.estimator["omega"] == 0.25
+
+
 def test_train_config_fields_all_have_help():
     for f in dataclasses.fields(TrainConfig):
         assert f.metadata.get("help"), f.name

@@ -58,10 +58,14 @@ def test_graphgpo_distance_discount_is_the_environments_and_both_arms_get_it(nam
         assert resolved.estimator["omega"] == omega, algo
 
 
-def test_alfworld_paper_leaves_omega_at_the_default_so_grpo_can_run_from_it():
-    cfg = preset("alfworld-paper")
-    assert "omega" not in cfg.algo.estimator
-    resolve_algo(dataclasses.replace(cfg.algo, name="grpo"), 8)  # no unknown-option error
+@pytest.mark.parametrize("name", PAPER_PRESETS)
+def test_every_method_of_a_bench_runs_from_the_paper_presets(name):
+    """omega sits in [algo.graphgpo]: GraphGPO's arms get it, the others run without it."""
+    cfg = preset(name)
+    assert "omega" not in cfg.algo.estimator and "omega" in cfg.algo.per_estimator["graphgpo"]
+    for algo in ("grpo", "rloo", "gigpo", "hgpo", "progpo", "progress_gpo"):
+        resolved = resolve_algo(dataclasses.replace(cfg.algo, name=algo), 8)
+        assert "omega" not in resolved.estimator, algo
 
 
 def test_qwen3_variant_is_webshop_paper_with_action_only_responses():

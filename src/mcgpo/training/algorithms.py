@@ -100,6 +100,11 @@ def resolve_algo(algo: AlgoConfig, group_size: int) -> AlgoConfig:
         known = ", ".join(sorted(ALGORITHMS))
         raise ConfigError(f"unknown algorithm {algo.name!r}; known: {known}")
     estimator_cls, pairs_cls = algorithm_options(algo.name)
+    for name, table in algo.per_estimator.items():  # every table is checked, one is used
+        if name not in ESTIMATOR_OPTIONS:
+            known = ", ".join(sorted(ESTIMATOR_OPTIONS))
+            raise ConfigError(f"unknown estimator table [algo.{name}]; estimators: {known}")
+        _build(ESTIMATOR_OPTIONS[name], table, f"--algo.{name}", name)
     estimator = _build(estimator_cls, _estimator_options(algo), "--algo", algo.name)
     pairs: dict[str, Any] = {}
     if pairs_cls is not None:
@@ -119,10 +124,13 @@ def resolve_algo(algo: AlgoConfig, group_size: int) -> AlgoConfig:
 
 
 def _estimator_options(algo: AlgoConfig) -> Mapping[str, Any]:
-    """The estimator options as given; a shaping algorithm's step bonus is its shaping_coef."""
-    if not ALGORITHMS[algo.name].shaping:
-        return algo.estimator
-    given = dict(algo.estimator)
+    """The estimator options as given: the ``[algo.<estimator>]`` table of the algorithm's
+    estimator under the flat ``[algo]`` options (which win); a shaping algorithm's step
+    bonus is its shaping_coef."""
+    spec = ALGORITHMS[algo.name]
+    given = {**algo.per_estimator.get(spec.estimator, {}), **algo.estimator}
+    if not spec.shaping:
+        return given
     if "progress_coef" in given:
         value = given["progress_coef"]
         if isinstance(value, str):

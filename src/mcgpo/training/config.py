@@ -136,6 +136,12 @@ class AlgoConfig:
     # (--algo.pairs.<option>); checked by their options classes in resolve_algo.
     estimator: Mapping[str, Any] = field(default_factory=dict, metadata={"help": ""})
     pairs: Mapping[str, Any] = field(default_factory=dict, metadata={"help": ""})
+    # [algo.<estimator>] tables (--algo.<estimator>.<option>): options that apply only when
+    # the algorithm runs that estimator (mcgpo and graphgpo_shaping run graphgpo), so that
+    # one preset can name GraphGPO's omega and still run every method of a bench.
+    per_estimator: Mapping[str, Mapping[str, Any]] = field(
+        default_factory=dict, metadata={"help": ""}
+    )
 
     def check(self) -> None:
         _at_least("algo.lambda_pair", self.lambda_pair, 0.0)
@@ -306,7 +312,9 @@ def scalar_fields(cls: type) -> list[dataclasses.Field]:
     return [
         f
         for f in fields(cls)
-        if f.name not in SECTIONS and f.name not in ("estimator", "pairs", "options") and f.init
+        if f.name not in SECTIONS
+        and f.name not in ("estimator", "pairs", "per_estimator", "options")
+        and f.init
     ]
 
 
@@ -319,8 +327,9 @@ def from_dict(data: Mapping[str, Any], base: RunConfig | None = None, where: str
     """Apply a nested dict (TOML layout) onto ``base``; unknown keys raise ConfigError.
 
     Layout: top-level scalars, then one table per section; inside ``[algo]`` any key that is
-    not an AlgoConfig field is an estimator option, and ``[algo.pairs]`` holds preference
-    options (both checked later against the chosen algorithm).
+    not an AlgoConfig field is an estimator option, ``[algo.pairs]`` holds preference
+    options and ``[algo.<estimator>]`` the options of one estimator, used when the algorithm
+    runs it (all checked later against the chosen algorithm, in ``resolve_algo``).
     """
     base = base or RunConfig()
     prefix = f"{where}: " if where else ""
@@ -343,6 +352,7 @@ def from_dict(data: Mapping[str, Any], base: RunConfig | None = None, where: str
         extra_field = OPTION_FIELDS.get(name)
         extra: dict[str, Any] = dict(getattr(section, extra_field)) if extra_field else {}
         pairs: dict[str, Any] = dict(section.pairs) if name == "algo" else {}
+        tables = {k: dict(v) for k, v in section.per_estimator.items()} if name == "algo" else {}
         for key, value in table.items():
             if key in known:
                 updates[key] = coerce(f"{name}.{key}", value, field_type(known[key]), prefix)
@@ -350,6 +360,8 @@ def from_dict(data: Mapping[str, Any], base: RunConfig | None = None, where: str
                 if not isinstance(value, Mapping):
                     raise ConfigError(f"{prefix}algo.pairs must be a table")
                 pairs.update(value)
+            elif name == "algo" and isinstance(value, Mapping):  # [algo.<estimator>]
+                tables.setdefault(key, {}).update(value)
             elif extra_field and not isinstance(value, Mapping):
                 extra[key] = value
             else:
@@ -358,6 +370,7 @@ def from_dict(data: Mapping[str, Any], base: RunConfig | None = None, where: str
             updates[extra_field] = extra
         if name == "algo":
             updates["pairs"] = pairs
+            updates["per_estimator"] = tables
         top[name] = dataclasses.replace(section, **updates)
     return dataclasses.replace(base, **top)
 
@@ -408,6 +421,10 @@ def flatten(cfg: Any, prefix: str = "") -> dict[str, Any]:
             out.update(flatten(value, key + "."))
         elif f.name in OPTION_FIELDS.values():
             out.update({f"{prefix}{k}": v for k, v in value.items()})
+        elif f.name == "per_estimator":  # algo.<estimator>.<option>
+            out.update(
+                {f"{prefix}{e}.{k}": v for e, opts in value.items() for k, v in opts.items()}
+            )
         elif isinstance(value, Mapping):
             out.update({f"{key}.{k}": v for k, v in value.items()})
         else:

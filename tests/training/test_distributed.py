@@ -174,9 +174,12 @@ def test_steps_that_one_rank_has_no_rows_of_match_one_process(tmp_path, smoke_ar
     assert steps[0] == steps[1] == [2.0, 2.0]
 
 
-def test_progress_gpo_fail_share_is_refused_across_processes(tmp_path, smoke_args, capsys):
+@pytest.mark.parametrize(
+    "flag", ["--algo.scale_by_fail_share", "--algo.progress_gpo.scale_by_fail_share"]
+)
+def test_progress_gpo_fail_share_is_refused_across_processes(tmp_path, smoke_args, capsys, flag):
     args = smoke_args(tmp_path / "run", "--algo.name", "progress_gpo", "--nproc", "2")
-    assert main([*args, "--algo.scale_by_fail_share", "true"]) == 2
+    assert main([*args, flag, "true"]) == 2
     assert "scale_by_fail_share" in capsys.readouterr().err
 
 

@@ -125,7 +125,8 @@ def _scales_by_fail_share(cfg: RunConfig) -> bool:
     group-local (its lam is scaled by the batch-wide share of all-fail groups)."""
     from mcgpo.training.config import parse_scalar
 
-    value = cfg.algo.estimator.get("scale_by_fail_share", False)
+    given = {**cfg.algo.per_estimator.get("progress_gpo", {}), **cfg.algo.estimator}
+    value = given.get("scale_by_fail_share", False)
     return cfg.algo.name == "progress_gpo" and bool(
         parse_scalar(value) if isinstance(value, str) else value
     )

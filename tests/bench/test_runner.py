@@ -15,6 +15,7 @@ from mcgpo.bench.runner import (
     plan_runs,
     run_plans,
     run_status,
+    set_aside,
 )
 
 V = [Variant("grpo", ("--algo.name", "grpo")), Variant("mcgpo", ("--algo.name", "mcgpo"))]
@@ -64,7 +65,7 @@ def test_failed_run_keeps_no_marker_and_partial_run_resumes(tmp_path):
     )
     assert list(codes.values()) == [3]
     folder = plans[0].folder
-    assert not (folder / DONE_MARKER).exists() and run_status(folder) == "new"
+    assert not (folder / DONE_MARKER).exists() and run_status(folder) == "stale"
     # a checkpoint exists -> the next plan continues it with --resume
     (folder / "checkpoints").mkdir()
     (folder / "checkpoints" / "latest").write_text("update-000002")
@@ -85,3 +86,27 @@ def test_load_run_result(tmp_path):
 def test_missing_metrics_is_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="no metrics"):
         load_run_result("grpo", 0, tmp_path)
+
+
+def test_run_stopped_before_its_first_checkpoint_starts_again_old_files_kept(tmp_path):
+    # A run killed before its first checkpoint leaves metrics.jsonl and config.toml, which
+    # `mcgpo train` refuses to overwrite ("already holds a run") and cannot --resume. The
+    # runner moves them into stale-1/ and starts the run again; a second stale start goes
+    # to stale-2/.
+    plans = plan_runs(V[:1], [0], tmp_path, common=(), threads=1)
+    folder = plans[0].folder
+    folder.mkdir(parents=True)
+    (folder / "metrics.jsonl").write_text('{"update": 1}\n')
+    (folder / "config.toml").write_text("x = 1\n")
+    assert run_status(folder) == "stale"
+    calls = []
+    codes = run_plans(plans, parallel=1, launcher=_fake_launcher(calls), poll_seconds=0.01)
+    assert list(codes.values()) == [0] and len(calls) == 1 and "--resume" not in calls[0]
+    assert (folder / "stale-1" / "metrics.jsonl").read_text() == '{"update": 1}\n'
+    assert (folder / "stale-1" / "config.toml").exists() and not (folder / "config.toml").exists()
+    assert run_status(folder) == "done"
+    # set_aside picks the next free number and leaves earlier ones in place
+    (folder / "metrics.jsonl").write_text("again\n")
+    assert set_aside(folder).name == "stale-2"
+    assert (folder / "stale-2" / "metrics.jsonl").read_text() == "again\n"
+    assert (folder / "stale-1" / "metrics.jsonl").exists()

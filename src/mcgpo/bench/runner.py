@@ -7,8 +7,9 @@ Layout of a benchmark folder::
     results.md, evals.jsonl, curves.png, task_types.png
 
 Resumable: a run whose folder holds ``bench-done.json`` is skipped; a run with a checkpoint
-but no marker is continued with ``--resume``; the warm start is skipped when its model
-exists. At most ``parallel`` runs go at once (default: the number of cores), each with
+but no marker is continued with ``--resume``; a run stopped before its first checkpoint
+(metrics but no checkpoint) starts again, its old files moved to ``<folder>/stale-<n>/``
+(nothing is deleted); the warm start is skipped when its model exists. At most ``parallel`` runs go at once (default: the number of cores), each with
 ``cores // parallel`` torch threads, so runs don't fight over cores.
 """
 
@@ -33,6 +34,7 @@ __all__ = [
     "plan_runs",
     "run_plans",
     "run_status",
+    "set_aside",
 ]
 
 DONE_MARKER = "bench-done.json"
@@ -61,13 +63,30 @@ def cli_command(*args: str) -> list[str]:
 
 
 def run_status(folder: Path) -> str:
-    """``"done"`` (marker present), ``"partial"`` (a checkpoint, no marker) or ``"new"``."""
+    """``"done"`` (marker present), ``"partial"`` (a checkpoint, no marker), ``"stale"``
+    (metrics but no checkpoint: stopped before its first checkpoint) or ``"new"``."""
     folder = Path(folder)
     if (folder / DONE_MARKER).exists():
         return "done"
     if (folder / "checkpoints" / "latest").exists():
         return "partial"
+    if (folder / "metrics.jsonl").exists():
+        return "stale"
     return "new"
+
+
+def set_aside(folder: Path) -> Path:
+    """Move a stale run's files into ``folder/stale-<n>/`` (the first free n); returns it."""
+    folder = Path(folder)
+    n = 1
+    while (folder / f"stale-{n}").exists():
+        n += 1
+    aside = folder / f"stale-{n}"
+    aside.mkdir()
+    for entry in sorted(folder.iterdir()):
+        if entry != aside and not entry.name.startswith("stale-"):
+            entry.rename(aside / entry.name)
+    return aside
 
 
 def plan_runs(
@@ -127,6 +146,8 @@ def run_plans(
         while pending and len(running) < max(1, parallel):
             plan = pending.pop(0)
             plan.folder.mkdir(parents=True, exist_ok=True)
+            if run_status(plan.folder) == "stale":
+                set_aside(plan.folder)
             running.append((plan, launcher(plan.argv, plan.folder / "bench.log"), time.time()))
         still = []
         for plan, proc, started in running:

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mcgpo.envs import make_env
 from mcgpo.policy import load_policy
 from mcgpo.rollout.prompts import encode_prompt, encode_response, render_prompt
 from mcgpo.training.config import RunConfig, SFTConfig, from_dict
-from mcgpo.training.sft import expert_demonstrations, sft_loss
+from mcgpo.training.sft import Demonstrations, expert_demonstrations, sft_loss
 
 
 @pytest.fixture(scope="module")
@@ -84,3 +87,59 @@ def test_noise_must_be_a_probability():
 
     with pytest.raises(ConfigError, match=r"sft.noise must be in \[0, 1\), got 1.0"):
         dataclasses.replace(RunConfig(), sft=SFTConfig(noise=1.0)).check()
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    lengths=st.lists(st.tuples(st.integers(1, 40), st.integers(1, 6)), min_size=1, max_size=40),
+    size=st.integers(0, 12),
+)
+def test_micro_batches_partition_the_step_by_length(lengths, size):
+    demos = Demonstrations([[5] * p for p, _ in lengths], [[6] * r for _, r in lengths], 1)
+    rows = np.random.default_rng(len(lengths)).permutation(len(lengths))
+    parts = demos.micro_batches(rows, size)
+    # every row exactly once; no part above the size (0, or a size covering the step: one
+    # part, the rows as given)
+    assert sorted(np.concatenate(parts).tolist()) == sorted(rows.tolist())
+    if size == 0 or size >= len(rows):
+        assert len(parts) == 1 and parts[0].tolist() == rows.tolist()
+    else:
+        assert all(1 <= len(p) <= size for p in parts)
+        # sorted: no row of a later part is shorter than a row of an earlier part
+        total = [sum(lengths[i]) for part in parts for i in part]
+        assert total == sorted(total)
+    assert demos.response_tokens(rows) == sum(r for _, r in lengths)
+
+
+def test_micro_batched_step_has_the_whole_steps_gradient_and_less_padding(micro_model, tokenizer):
+    # The step's loss is the token mean over all its response tokens. Cut into micro-batches
+    # whose NLL sums are each divided by the step's token count, the gradients add up to the
+    # same gradient (float64: equal to rounding), and the token slots (rows x padded length)
+    # go down because each micro-batch pads only to its own longest row.
+    model = load_policy(micro_model)[0].double()
+    demos = expert_demonstrations(
+        lambda: make_env("household"), tokenizer, config(4, noise=0.5), "action"
+    )
+    rows = np.random.default_rng(0).permutation(len(demos))[:24]
+    pad = tokenizer.pad_token_id
+
+    def grads(parts, tokens):
+        model.zero_grad()
+        for part in parts:
+            sft_loss(model, demos.batch(part, pad), tokens).backward()
+        return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+
+    whole = grads([rows], None)
+    parts = demos.micro_batches(rows, 5)
+    assert len(parts) == 5
+    split = grads(parts, demos.response_tokens(rows))
+    assert torch.allclose(whole, split, rtol=0, atol=1e-12)
+    slots = lambda ps: sum(demos.batch(p, pad).input_ids.numel() for p in ps)  # noqa: E731
+    assert slots(parts) < slots([rows])
+
+
+def test_micro_batch_size_must_not_be_negative():
+    from mcgpo.training.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"sft\.micro_batch_size"):
+        dataclasses.replace(RunConfig(), sft=SFTConfig(micro_batch_size=-1)).check()

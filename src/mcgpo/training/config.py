@@ -243,6 +243,11 @@ class SFTConfig:
     grad_clip: float = _opt(1.0, "gradient-norm clip for the warm start; 0 = off")
     warmup: int = _opt(10, "steps of linear learning-rate warm-up")
     batch_size: int = _opt(32, "demonstration turns per optimiser step")
+    micro_batch_size: int = _opt(
+        8,
+        "turns per forward/backward inside a step: the step's turns sorted by length and cut "
+        "into micro-batches (less padding, same gradient); 0 = the whole step at once",
+    )
 
     def check(self) -> None:
         _at_least("sft.demos", self.demos, 1)
@@ -254,6 +259,7 @@ class SFTConfig:
         _at_least("sft.grad_clip", self.grad_clip, 0.0)
         _at_least("sft.warmup", self.warmup, 0)
         _at_least("sft.batch_size", self.batch_size, 1)
+        _at_least("sft.micro_batch_size", self.micro_batch_size, 0)
 
 
 @dataclass(frozen=True)

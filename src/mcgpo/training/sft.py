@@ -49,6 +49,19 @@ class Demonstrations:
     def __len__(self) -> int:
         return len(self.prompts)
 
+    def micro_batches(self, rows: np.ndarray, size: int) -> list[np.ndarray]:
+        """``rows`` sorted by length (prompt + response) and cut into runs of ``size``
+        (0: one run as given). Rows of similar length share a micro-batch, so little of it
+        is padding; the order of the steps is not changed."""
+        if size <= 0 or size >= len(rows):
+            return [np.asarray(rows)]
+        lengths = [len(self.prompts[i]) + len(self.responses[i]) for i in rows]
+        ranked = np.asarray(rows)[np.argsort(lengths, kind="stable")]
+        return [ranked[k : k + size] for k in range(0, len(ranked), size)]
+
+    def response_tokens(self, rows: np.ndarray) -> int:
+        return sum(len(self.responses[i]) for i in rows)
+
     def batch(self, rows: np.ndarray, pad_token_id: int) -> TokenBatch:
         zeros = [[0.0] * len(self.responses[i]) for i in rows]
         return TokenBatch.from_sequences(
@@ -97,15 +110,19 @@ def expert_demonstrations(
     return Demonstrations(prompts, responses, cfg.sft.demos)
 
 
-def sft_loss(model: Any, batch: TokenBatch) -> torch.Tensor:
-    """Token-mean negative log-likelihood of the response tokens."""
+def sft_loss(model: Any, batch: TokenBatch, tokens: float | None = None) -> torch.Tensor:
+    """Negative log-likelihood of the response tokens, summed and divided by ``tokens``
+    (default: the batch's own response tokens, i.e. the token mean). A step cut into
+    micro-batches passes the whole step's count, so the parts' gradients add up to the
+    step's token-mean gradient."""
     from mcgpo.policy.logprobs import token_log_probs
 
     log_probs = token_log_probs(
         model, batch.input_ids, batch.attention_mask, positions=batch.response_mask
     )
     mask = batch.response_mask.to(log_probs.dtype)
-    return -(log_probs * mask).sum() / mask.sum().clamp(min=1.0)
+    count = mask.sum().clamp(min=1.0) if tokens is None else max(float(tokens), 1.0)
+    return -(log_probs * mask).sum() / count
 
 
 def run_sft(cfg: RunConfig, command: str = "") -> Table:
@@ -151,7 +168,9 @@ def fine_tune(
     model: Any, tokenizer: Any, demos: Demonstrations, cfg: RunConfig, sinks: MetricSinks
 ) -> int:
     """``sft.epochs`` shuffled passes over ``demos`` in batches of ``sft.batch_size``: AdamW
-    (the trainer's builder) with a linear warm-up and gradient clipping; returns the steps."""
+    (the trainer's builder) with a linear warm-up and gradient clipping; returns the steps.
+    Each step's turns go through the model in length-sorted micro-batches of
+    ``sft.micro_batch_size`` whose gradients add up to the step's token-mean gradient."""
     device = next(model.parameters()).device
     optimizer = build_optimizer(model, cfg.sft.lr, cfg.sft.weight_decay)
     warmup = torch.optim.lr_scheduler.LambdaLR(
@@ -165,16 +184,22 @@ def fine_tune(
     for _ in range(cfg.sft.epochs):
         order = torch.randperm(len(demos), generator=generator).numpy()
         for start in range(0, len(demos), cfg.sft.batch_size):
-            batch = demos.batch(order[start : start + cfg.sft.batch_size], tokenizer.pad_token_id)
-            loss = sft_loss(model, batch.to(device))
+            rows = order[start : start + cfg.sft.batch_size]
+            tokens = demos.response_tokens(rows)
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            loss = 0.0
+            for part in demos.micro_batches(rows, cfg.sft.micro_batch_size):
+                part_loss = sft_loss(
+                    model, demos.batch(part, tokenizer.pad_token_id).to(device), tokens
+                )
+                part_loss.backward()
+                loss += part_loss.item()
             norm = clip_gradients(model.parameters(), cfg.sft.grad_clip)
             optimizer.step()
             warmup.step()
             step += 1
-            sinks.write(step, {"sft/loss": loss.item(), "sft/grad_norm": norm.item()})
-            bar.show(loss=loss.item())
+            sinks.write(step, {"sft/loss": loss, "sft/grad_norm": norm.item()})
+            bar.show(loss=loss)
             bar.advance()
     bar.close()
     return step

@@ -170,3 +170,27 @@ def test_rendered_under_the_main_table():
     assert "10,000 resamples, resampling seed 0" in paired
     # without paired differences the table is as before
     assert "Paired" not in render_results_md(summarise(runs), title="t")
+
+
+def test_one_section_per_baseline_and_ablate_adds_mcgpo(tmp_path, capsys):
+    # Final successes per seed: graphgpo 0.1 / 0.2, mcgpo 0.2 / 0.4, control 0.3 / 0.4.
+    # Against graphgpo: mcgpo +10 / +20 -> +15.0; control +20 / +20 -> +20.0.
+    # Against mcgpo: graphgpo -10 / -20 -> -15.0; control +10 / 0 -> +5.0.
+    from mcgpo.bench.commands import _write_results
+
+    runs = [run("graphgpo", 0, [0.0, 0.1]), run("graphgpo", 1, [0.0, 0.2])]
+    runs += [run("mcgpo", 0, [0.0, 0.2]), run("mcgpo", 1, [0.0, 0.4])]
+    runs += [run("mcgpo/uniform", 0, [0.0, 0.3]), run("mcgpo/uniform", 1, [0.0, 0.4])]
+    both = paired_differences(runs) + paired_differences(runs, baseline="mcgpo")
+    md = render_results_md(summarise(runs), title="t", paired=both)
+    _, vs_graph, vs_mcgpo = md.split("## Paired difference against ")
+    assert vs_graph.startswith("graphgpo (method - graphgpo, per seed)")
+    assert "| mcgpo | 2 | +15.0 |" in vs_graph and "| mcgpo/uniform | 2 | +20.0 |" in vs_graph
+    assert vs_mcgpo.startswith("mcgpo (method - mcgpo, per seed)")
+    assert "| graphgpo | 2 | -15.0 |" in vs_mcgpo and "| mcgpo/uniform | 2 | +5.0 |" in vs_mcgpo
+    # the ablation writes both sections; a bench only the one against graphgpo
+    _write_results("ablate", tmp_path, runs, [])
+    assert (tmp_path / "results.md").read_text().count("## Paired difference against ") == 2
+    _write_results("bench", tmp_path, runs, [])
+    assert (tmp_path / "results.md").read_text().count("## Paired difference against ") == 1
+    capsys.readouterr()

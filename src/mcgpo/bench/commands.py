@@ -9,7 +9,9 @@ points.
 * ``bench``: the methods named by ``--algos`` with their default options.
 * ``ablate``: MCGPO's controls (seed 000, "Factorial controls"): opposite-fold vs same-fold
   vs pooled evidence; evidence weighting vs uniform; joint vs state-only vs rubric-only
-  matching; and GraphGPO + shaping, next to GraphGPO and default MCGPO.
+  matching; exact vs coarse action identity at the coarse level; and GraphGPO + shaping,
+  next to GraphGPO and default MCGPO. Its results.md adds each row's paired difference
+  against default MCGPO (the method a control changes) to the one against GraphGPO.
 * ``sweep``: one hyper-parameter of MCGPO at a time around the defaults (epsilon, kappa,
   q_coarse, lambda_pair).
 """
@@ -312,9 +314,14 @@ def _warm_start(command: str, warm: Path, flags: Sequence[str]) -> str | None:
 
 def _write_results(command: str, out: Path, runs: Sequence[RunResult], header: list[str]) -> None:
     """results.md (printed too; the paired differences against the baseline under the main
-    table), evals.jsonl, curves.png and, with task types, task_types.png."""
+    table), evals.jsonl, curves.png and, with task types, task_types.png. The baseline is
+    GraphGPO if it ran, else the first method; ``mcgpo ablate`` adds each control against
+    default MCGPO (the method the control changes)."""
     summaries = summarise(runs)
-    paired = paired_differences(runs)  # against graphgpo if it ran, else the first method
+    paired = paired_differences(runs)
+    methods = {r.method for r in runs}
+    if command == "ablate" and "mcgpo" in methods and paired and paired[0].baseline != "mcgpo":
+        paired += paired_differences(runs, baseline="mcgpo")
     write_atomic(
         out / "results.md",
         render_results_md(summaries, title=f"mcgpo {command}", header_lines=header, paired=paired),

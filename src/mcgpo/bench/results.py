@@ -295,10 +295,17 @@ def render_results_md(
 
 
 def _render_paired(paired: Sequence[PairedDifference]) -> list[str]:
-    """The paired-difference section of results.md (no lines when there is none)."""
-    if not paired:
-        return []
-    baseline = paired[0].baseline
+    """The paired-difference sections of results.md, one per baseline in order of first
+    appearance (no lines when there is none)."""
+    baselines = list(dict.fromkeys(d.baseline for d in paired))
+    return [
+        line
+        for b in baselines
+        for line in _render_paired_against(b, [d for d in paired if d.baseline == b])
+    ]
+
+
+def _render_paired_against(baseline: str, paired: Sequence[PairedDifference]) -> list[str]:
     lines = [
         "",
         f"## Paired difference against {baseline} (method - {baseline}, per seed)",

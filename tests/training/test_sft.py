@@ -143,3 +143,18 @@ def test_micro_batch_size_must_not_be_negative():
 
     with pytest.raises(ConfigError, match=r"sft\.micro_batch_size"):
         dataclasses.replace(RunConfig(), sft=SFTConfig(micro_batch_size=-1)).check()
+
+
+def test_whole_step_with_its_own_count_is_bit_identical(micro_model, tokenizer):
+    # sft.micro_batch_size 0 passes the step's token count explicitly; it must give the same
+    # bits as the batch's own count (the warm start's loss before micro-batches existed).
+    model = load_policy(micro_model)[0]
+    demos = expert_demonstrations(
+        lambda: make_env("household"), tokenizer, config(2, noise=0.5), "action"
+    )
+    rows = np.arange(len(demos))
+    batch = demos.batch(rows, tokenizer.pad_token_id)
+    with torch.no_grad():
+        own = sft_loss(model, batch)
+        given = sft_loss(model, batch, demos.response_tokens(rows))
+    assert torch.equal(own, given)

@@ -307,18 +307,10 @@ def update_policy(
     """
     _check_inputs(batch, advantages, cfg, ref_model)
     pairs = pairs if pairs is not None and lambda_pair > 0 else PairBatch.empty()
-    if world.size > 1:  # every rank plans the single process's layout of the whole batch
-        batch, advantages, pairs, groups = _whole_batch(batch, advantages, pairs, groups, world)
-    if len(batch) == 0:  # every trajectory of the batch errored: nothing to learn from
+    planned = _plan(model, batch, advantages, pairs, groups, cfg, world)
+    if planned is None:  # every trajectory of the batch errored: nothing to learn from
         return {"update/optimizer_steps": 0.0, "update/rows": 0.0, "update/tokens": 0.0}
-    layout = _layout(batch, cfg, pairs, groups)
-    given = len(pairs.plus)
-    if world.size > 1:  # ... and runs its share of the micro-batches of every step
-        layout, mine = _deal(layout, batch, world)
-        batch, advantages, pairs = batch.select(mine), advantages[mine], _pairs_inside(mine, pairs)
-        given = given if world.main else 0
-        if sharded(model):
-            layout = _same_pass_count(layout, world)
+    batch, advantages, pairs, layout, given = planned
     device = next(model.parameters()).device
     params = [p for p in model.parameters() if p.requires_grad]
     model.train()
@@ -362,6 +354,33 @@ def update_policy(
     out = totals.means()
     counts = _counts(batch, layout, given, steps, skipped, used / cfg.ppo_epochs)
     return {**out, **counts, **old_stats, **at_old_stats(probe), **memory.stop()}
+
+
+def _plan(
+    model: Any,
+    batch: TokenBatch,
+    advantages: np.ndarray,
+    pairs: PairBatch,
+    groups: np.ndarray | None,
+    cfg: TrainConfig,
+    world: World,
+) -> tuple[TokenBatch, np.ndarray, PairBatch, _Layout, int] | None:
+    """The single process's layout of the whole batch and this rank's part of it: its rows,
+    advantages and pairs (renumbered), the layout of its micro-batches, and the pairs it
+    reports as given (all on rank 0, none elsewhere). None for an empty batch."""
+    if world.size > 1:  # every rank plans the single process's layout of the whole batch
+        batch, advantages, pairs, groups = _whole_batch(batch, advantages, pairs, groups, world)
+    if len(batch) == 0:
+        return None
+    layout = _layout(batch, cfg, pairs, groups)
+    given = len(pairs.plus)
+    if world.size > 1:  # ... and runs its share of the micro-batches of every step
+        layout, mine = _deal(layout, batch, world)
+        batch, advantages, pairs = batch.select(mine), advantages[mine], _pairs_inside(mine, pairs)
+        given = given if world.main else 0
+        if sharded(model):
+            layout = _same_pass_count(layout, world)
+    return batch, advantages, pairs, layout, given
 
 
 def _check_inputs(

@@ -196,7 +196,7 @@ def test_ranks_deal_every_micro_batch_of_the_single_process_layout_once(
     rank, unchanged and in its order; a rank's share of a step is balanced (greedy, largest
     first: no rank ends more than one micro-batch's cost above the least loaded)."""
     from mcgpo.rollout import TokenBatch
-    from mcgpo.training import update
+    from mcgpo.training import layout as plan
     from mcgpo.training.config import TrainConfig
 
     groups = np.repeat(np.arange(len(sizes)), sizes)
@@ -205,9 +205,9 @@ def test_ranks_deal_every_micro_batch_of_the_single_process_layout_once(
     prompts = [[1] * int(gen.integers(1, 6)) for _ in range(n)]
     batch = TokenBatch.from_sequences(prompts, [[2]] * n, [[0.0]] * n, pad_token_id=0)
     cfg = TrainConfig(mini_batch_size=size, micro_batch_size=micro)
-    layout = update._layout(batch, cfg, update.PairBatch.empty(), groups)
+    layout = plan.plan_layout(batch, cfg, plan.PairBatch.empty(), groups)
     lengths = batch.attention_mask.sum(1).numpy()
-    shares = [update._deal(layout, batch, World(r, world_size)) for r in range(world_size)]
+    shares = [plan.deal(layout, batch, World(r, world_size)) for r in range(world_size)]
     for k, micros in enumerate(layout.steps):
         dealt = [rows[m] for share, rows in shares for m in share.steps[k]]
         assert sorted(map(tuple, dealt)) == sorted(map(tuple, micros))  # each exactly once
@@ -231,18 +231,18 @@ def test_the_whole_batch_shifts_rows_pairs_and_groups_past_earlier_ranks(monkeyp
     """What every rank gathers: rank 0's 3 rows (groups 0, 1) then rank 1's 2 rows (group 0
     of its own), pairs and groups renumbered as in the single process."""
     from mcgpo.rollout import TokenBatch
-    from mcgpo.training import update
+    from mcgpo.training import layout as plan
 
     def part(widths, plus, minus, groups):
         batch = TokenBatch.from_sequences(
             [[1] * w for w in widths], [[2]] * len(widths), [[0.0]] * len(widths), pad_token_id=0
         )
-        pairs = update.PairBatch(np.array(plus), np.array(minus), np.array([0.5] * len(plus)))
+        pairs = plan.PairBatch(np.array(plus), np.array(minus), np.array([0.5] * len(plus)))
         return batch, np.arange(len(widths), dtype=np.float32), pairs, np.array(groups)
 
     parts = [part([2, 3, 1], [0], [1], [0, 0, 1]), part([4, 1], [1], [0], [0, 0])]
-    monkeypatch.setattr(update, "gather_objects", lambda obj, world: parts)
-    batch, adv, pairs, groups = update._whole_batch(*parts[1], World(1, 2))
+    monkeypatch.setattr(plan, "gather_objects", lambda obj, world: parts)
+    batch, adv, pairs, groups = plan.whole_batch(*parts[1], World(1, 2))
     assert len(batch) == 5 and batch.attention_mask.sum(1).tolist() == [3, 4, 2, 5, 2]
     assert adv.tolist() == [0, 1, 2, 0, 1] and adv.dtype == np.float32
     assert pairs.plus.tolist() == [0, 4] and pairs.minus.tolist() == [1, 3]

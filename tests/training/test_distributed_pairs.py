@@ -6,7 +6,7 @@ update itself runs on a batch with pairs: 4 task groups of 4 rows, pairs inside 
 and 3, mini-batches of one group each (4 optimiser steps per epoch, 2 epochs) and
 micro-batches of 3 rows. Rank 0 holds groups 0-1 and rank 1 groups 2-3 (contiguous blocks,
 as the trainer splits them), so each rank has steps without any row of its own while it
-holds pairs (the case that crashed `_pairs_inside` on an empty row set), and the pair loss's
+holds pairs (the case that crashed `pairs_inside` on an empty row set), and the pair loss's
 normaliser ``|B| / |M|`` must use the global mini-batch size. The single-process update on
 the whole batch is the reference; float64 runs show that what is left in float32 is rounding.
 """
@@ -161,10 +161,10 @@ def test_two_ranks_with_pairs_update_as_one_process(micro_model, tmp_path, shard
 
 def test_pairs_inside_an_empty_row_set_is_empty():
     """A rank with no rows in a step (other ranks' groups only) keeps no pair of its own."""
-    from mcgpo.training.update import _pairs_inside
+    from mcgpo.training.layout import pairs_inside
 
     pairs = PairBatch(np.array([4, 6]), np.array([5, 7]), np.array([0.5, 1.0]))
-    inside = _pairs_inside(np.zeros(0, dtype=np.int64), pairs)
+    inside = pairs_inside(np.zeros(0, dtype=np.int64), pairs)
     assert len(inside.plus) == len(inside.minus) == len(inside.weight) == 0
-    some = _pairs_inside(np.array([7, 6, 9]), pairs)
+    some = pairs_inside(np.array([7, 6, 9]), pairs)
     assert some.plus.tolist() == [1] and some.minus.tolist() == [0]  # rows 6 -> 1, 7 -> 0

@@ -72,16 +72,16 @@ def test_one_process_learner_is_the_model_itself() -> None:
 def test_fsdp2_ranks_make_equally_many_passes_per_step(monkeypatch) -> None:
     """Rank 0 has micro-batches (2, 0, 1) in three steps, rank 1 (1, 3, 0): each rank pads
     every step to the larger count with empty row sets (zero-loss passes)."""
-    from mcgpo.training import update
+    from mcgpo.training import layout as plan
 
-    def layout(counts: list[int]) -> update._Layout:
+    def layout(counts: list[int]) -> plan.Layout:
         steps = [[np.arange(2, dtype=np.int64) for _ in range(c)] for c in counts]
-        return update._Layout(steps, [4, 6, 2], [10, 12, 3], 0, 0, 8)
+        return plan.Layout(steps, [4, 6, 2], [10, 12, 3], 0, 0, 8)
 
     mine = [[2, 0, 1], [1, 3, 0]]
-    monkeypatch.setattr(update, "gather_objects", lambda obj, world: mine)
+    monkeypatch.setattr(plan, "gather_objects", lambda obj, world: mine)
     for rank in (0, 1):
-        padded = update._same_pass_count(layout(mine[rank]), World(rank, 2))
+        padded = plan.same_pass_count(layout(mine[rank]), World(rank, 2))
         assert [len(s) for s in padded.steps] == [2, 3, 1]
         real = [sum(len(rows) > 0 for rows in s) for s in padded.steps]
         assert real == mine[rank]  # the rank's own micro-batches first, unchanged

@@ -1,0 +1,235 @@
+"""The layout of one update: which rows form each optimiser step and micro-batch, and, with
+W > 1 processes, which rank runs which micro-batches (docs in :mod:`mcgpo.training.update`,
+items 3, 4 and 7).
+
+* :func:`plan_mini_batches`: whole task groups packed into mini-batches (one AdamW step each).
+* :func:`plan_layout`: inside each mini-batch, rows by length cut into micro-batches that
+  keep pair partners together (:func:`mcgpo.objectives.plan_micro_batches`).
+* :func:`whole_batch`, :func:`deal`, :func:`same_pass_count`: the ranks gather the whole
+  batch, plan the single process's layout of it and deal each step's micro-batches out;
+  :func:`plan_rank_share` puts these together for one rank.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from mcgpo.objectives import plan_micro_batches
+from mcgpo.rollout.tokens import TokenBatch
+from mcgpo.training.config import TrainConfig
+from mcgpo.training.distributed import World, gather_objects, sharded
+
+__all__ = [
+    "Layout",
+    "PairBatch",
+    "deal",
+    "pairs_inside",
+    "plan_layout",
+    "plan_mini_batches",
+    "plan_rank_share",
+    "same_pass_count",
+    "whole_batch",
+]
+
+
+@dataclass(frozen=True)
+class PairBatch:
+    """Preference pairs over the rows of a batch (empty for algorithms without pairs)."""
+
+    plus: np.ndarray  # [P] int64 row index of the preferred decision
+    minus: np.ndarray  # [P] int64 row index of the dispreferred decision
+    weight: np.ndarray  # [P] float64 c of each pair
+
+    @classmethod
+    def empty(cls) -> PairBatch:
+        z = np.zeros(0, dtype=np.int64)
+        return cls(z, z, np.zeros(0))
+
+
+def pairs_inside(rows: np.ndarray, pairs: PairBatch) -> PairBatch:
+    """The pairs with both rows in ``rows``, re-indexed to positions in ``rows``."""
+    if len(pairs.plus) == 0 or len(rows) == 0:  # no rows: a step of other ranks' groups only
+        return PairBatch.empty()
+    where = np.full(int(max(rows.max(), pairs.plus.max(), pairs.minus.max())) + 1, -1)
+    where[rows] = np.arange(len(rows))
+    a, b = where[pairs.plus], where[pairs.minus]
+    keep = (a >= 0) & (b >= 0)
+    return PairBatch(a[keep], b[keep], pairs.weight[keep])
+
+
+def plan_mini_batches(n_rows: int, size: int, groups: np.ndarray | None = None) -> list[np.ndarray]:
+    """Row ids of each optimiser step: whole task groups, packed to at most ``size`` rows.
+
+    ``groups``: ``[n_rows]`` group id of each row (the StepTable's ``group`` column); None
+    makes every row its own group. Groups are taken in order of their first row; a group
+    joins the current mini-batch while that keeps it at most ``size`` rows, otherwise it
+    starts the next one (a group larger than ``size`` is a mini-batch of its own, never cut).
+    Each mini-batch lists its rows in row order. ``size <= 0`` or ``size >= n_rows``: one
+    mini-batch. The layout does not look at preference pairs, so every algorithm gets the
+    same mini-batches; a pair lies inside one group and therefore inside one mini-batch.
+    """
+    if groups is None:
+        groups = np.arange(n_rows)
+    groups = np.asarray(groups).reshape(-1)
+    if groups.shape != (n_rows,):
+        raise ValueError(f"groups has shape {groups.shape}, expected ({n_rows},)")
+    if size <= 0 or size >= n_rows:
+        return [np.arange(n_rows, dtype=np.int64)]
+    _, first, member = np.unique(groups, return_index=True, return_inverse=True)
+    counts = np.bincount(member)
+    step_of_group = np.empty(len(first), dtype=np.int64)
+    step, rows = 0, 0
+    for g in np.argsort(first, kind="stable"):
+        if rows and rows + counts[g] > size:
+            step, rows = step + 1, 0
+        step_of_group[g] = step
+        rows += counts[g]
+    step_of_row = step_of_group[member]
+    return [np.flatnonzero(step_of_row == k) for k in range(step + 1)]
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The rows of every micro-batch of every optimiser step, planned once per update."""
+
+    steps: list[list[np.ndarray]]  # [mini-batch][micro-batch] -> batch row ids
+    rows: list[int]  # rows of each mini-batch, over all ranks
+    tokens: list[int]  # response tokens of each mini-batch, over all ranks
+    split_mini: int  # pairs whose two rows lie in different mini-batches
+    split_micro: int  # pairs inside one mini-batch whose rows lie in different micro-batches
+    widest: int  # token slots (rows x padded length) of the largest micro-batch
+
+
+def plan_layout(
+    batch: TokenBatch, cfg: TrainConfig, pairs: PairBatch, groups: np.ndarray | None
+) -> Layout:
+    """Mini-batches by task group; inside each, rows by length cut into micro-batches."""
+    n = len(batch)
+    minis = plan_mini_batches(n, cfg.mini_batch_size, groups)
+    step_of_row = np.empty(n, dtype=np.int64)
+    for k, mini in enumerate(minis):
+        step_of_row[mini] = k
+    split_mini = int(np.sum(step_of_row[pairs.plus] != step_of_row[pairs.minus]))
+    lengths = batch.attention_mask.sum(1).cpu().numpy()
+    steps, split_micro = [], 0
+    for mini in minis:
+        by_length = mini[np.argsort(lengths[mini], kind="stable")]  # less padding
+        inside = pairs_inside(by_length, pairs)
+        if len(mini) == 0:
+            micros, split = [], 0
+        elif 0 < cfg.micro_batch_size < len(mini):
+            plan = plan_micro_batches(len(mini), cfg.micro_batch_size, inside.plus, inside.minus)
+            micros, split = list(plan.batches), plan.split_pairs
+        else:
+            micros, split = [np.arange(len(mini))], 0
+        steps.append([by_length[m] for m in micros])
+        split_micro += split
+    widest = max(
+        (len(rows) * int(lengths[rows].max()) for micros in steps for rows in micros), default=0
+    )
+    rows = [len(mini) for mini in minis]
+    tokens = [int(batch.response_mask[torch.as_tensor(mini)].sum()) for mini in minis]
+    return Layout(steps, rows, tokens, split_mini, split_micro, widest)
+
+
+def whole_batch(
+    batch: TokenBatch,
+    advantages: np.ndarray,
+    pairs: PairBatch,
+    groups: np.ndarray | None,
+    world: World,
+) -> tuple[TokenBatch, np.ndarray, PairBatch, np.ndarray]:
+    """Every rank's rows laid end to end in rank order (the single process's batch: the
+    ranks hold contiguous blocks of whole groups), with row and group ids shifted past the
+    earlier ranks'. One gather of the (CPU) token batch per update."""
+    if groups is None:
+        groups = np.arange(len(batch))
+    mine = (batch.to("cpu"), np.asarray(advantages), pairs, np.asarray(groups).reshape(-1))
+    parts = gather_objects(mine, world)
+    rows = np.cumsum([0] + [len(p[0]) for p in parts])
+    group_ids = np.cumsum([0] + [int(p[3].max()) + 1 if len(p[3]) else 0 for p in parts])
+    return (
+        TokenBatch.concatenate([p[0] for p in parts]),
+        np.concatenate([p[1] for p in parts]).astype(advantages.dtype, copy=False),
+        PairBatch(
+            np.concatenate([p[2].plus + r for p, r in zip(parts, rows)]).astype(np.int64),
+            np.concatenate([p[2].minus + r for p, r in zip(parts, rows)]).astype(np.int64),
+            np.concatenate([p[2].weight for p in parts]),
+        ),
+        np.concatenate([p[3] + g for p, g in zip(parts, group_ids)]),
+    )
+
+
+def deal(layout: Layout, batch: TokenBatch, world: World) -> tuple[Layout, np.ndarray]:
+    """This rank's micro-batches of every step of the whole batch's layout, and its rows.
+
+    In each step the micro-batches go, largest first (rows x padded length), to the rank
+    with the least work so far in that step (ties: the lower rank), and keep their order;
+    every rank computes the same assignment. Returns the layout with this rank's
+    micro-batches as positions in its rows (``batch.select(rows)``), the normalisers of the
+    whole steps unchanged, the layout-wide pair counts on rank 0 only (the metrics merge
+    sums them over the ranks), and the rows in batch order.
+    """
+    lengths = batch.attention_mask.sum(1).cpu().numpy()
+    steps: list[list[np.ndarray]] = []
+    for micros in layout.steps:
+        cost = [len(rows) * int(lengths[rows].max()) for rows in micros]
+        load, owner = np.zeros(world.size), np.empty(len(micros), dtype=np.int64)
+        for i in sorted(range(len(micros)), key=lambda i: -cost[i]):  # stable: ties keep order
+            owner[i] = int(np.argmin(load))
+            load[owner[i]] += cost[i]
+        steps.append([rows for rows, r in zip(micros, owner) if r == world.rank])
+    rows = np.sort(np.concatenate([r for micros in steps for r in micros] or [np.zeros(0, int)]))
+    where = np.full(len(batch), -1, dtype=np.int64)
+    where[rows] = np.arange(len(rows))
+    local = [[where[r] for r in micros] for micros in steps]
+    first = world.rank == 0
+    layout = dataclasses.replace(
+        layout,
+        steps=local,
+        split_mini=layout.split_mini if first else 0,
+        split_micro=layout.split_micro if first else 0,
+    )
+    return layout, rows.astype(np.int64)
+
+
+def same_pass_count(layout: Layout, world: World) -> Layout:
+    """FSDP2: every forward and backward all-gathers parameters (a collective), so each
+    rank makes as many passes in a step as the rank with the most micro-batches in it;
+    the extra passes are empty row sets (a zero-loss pass, see :func:`~mcgpo.training.distributed.zero_backward`)."""
+    most = np.max(gather_objects([len(micros) for micros in layout.steps], world), axis=0)
+    empty = np.zeros(0, dtype=np.int64)
+    steps = [micros + [empty] * (int(m) - len(micros)) for micros, m in zip(layout.steps, most)]
+    return dataclasses.replace(layout, steps=steps)
+
+
+def plan_rank_share(
+    model: Any,
+    batch: TokenBatch,
+    advantages: np.ndarray,
+    pairs: PairBatch,
+    groups: np.ndarray | None,
+    cfg: TrainConfig,
+    world: World,
+) -> tuple[TokenBatch, np.ndarray, PairBatch, Layout, int] | None:
+    """The single process's layout of the whole batch and this rank's part of it: its rows,
+    advantages and pairs (renumbered), the layout of its micro-batches, and the pairs it
+    reports as given (all on rank 0, none elsewhere). None for an empty batch."""
+    if world.size > 1:  # every rank plans the single process's layout of the whole batch
+        batch, advantages, pairs, groups = whole_batch(batch, advantages, pairs, groups, world)
+    if len(batch) == 0:
+        return None
+    layout = plan_layout(batch, cfg, pairs, groups)
+    given = len(pairs.plus)
+    if world.size > 1:  # ... and runs its share of the micro-batches of every step
+        layout, mine = deal(layout, batch, world)
+        batch, advantages, pairs = batch.select(mine), advantages[mine], pairs_inside(mine, pairs)
+        given = given if world.main else 0
+        if sharded(model):
+            layout = same_pass_count(layout, world)
+    return batch, advantages, pairs, layout, given

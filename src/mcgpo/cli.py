@@ -289,11 +289,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.parse_args([command, "--help"])
         cfg = resolve(command, argv[1:])
         check_environment(cfg)
-        if command == "train" and cfg.nproc > 1:
+        if command in ("train", "sft") and cfg.nproc > 1:
             from mcgpo.training.distributed import check_world, launch_local, launched_world_size
 
             if launched_world_size() == 1:  # the --nproc shortcut: start the N processes
-                check_world(cfg, cfg.nproc)  # a bad world setting is one line, exit 2
+                check_world(cfg, cfg.nproc, command)  # a bad world setting: one line, exit 2
                 return launch_local(cfg.nproc, argv)
         return _run(command, cfg, " ".join(["mcgpo", *argv]))
     except (UsageError, ConfigError) as err:

@@ -158,3 +158,74 @@ def test_whole_step_with_its_own_count_is_bit_identical(micro_model, tokenizer):
         own = sft_loss(model, batch)
         given = sft_loss(model, batch, demos.response_tokens(rows))
     assert torch.equal(own, given)
+
+
+def test_owners_deal_largest_first_to_the_least_loaded_rank():
+    from mcgpo.training.layout import owners
+
+    # by cost, largest first (ties keep order): 9 (job 1) -> rank 0 (loads 9, 0); 7 (job 3)
+    # -> rank 1 (9, 7); 7 (job 4) -> rank 1 (9, 14); 5 (job 0) -> rank 0 (14, 14); 2 (job 2)
+    # -> tie, the lower rank: rank 0 (16, 14)
+    assert owners([5, 9, 2, 7, 7], 2).tolist() == [0, 0, 0, 1, 1]
+    assert owners([3, 1], 4).tolist() == [0, 1]  # more ranks than jobs: some idle
+    assert owners([], 2).tolist() == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("micro", ["2", "0"], ids=["dealt", "one-rank-idle"])
+def test_two_processes_warm_start_as_one(tmp_path, micro_model, micro):
+    """``mcgpo sft --nproc 2`` vs 1 process: the same losses at every step, final weights
+    within 1e-6 (the residual is the order of the float sums) and the same evaluations.
+    Micro-batches of 2 turns give each 8-turn step 4 micro-batches, 2 per rank; 0 (the
+    whole step at once) leaves rank 1 without work in every step: it joins the gradient sum
+    with zeros."""
+    import json
+
+    from ranks import launch, saved_weights
+
+    from mcgpo.cli import main
+    from mcgpo.training.metrics import read_metrics
+
+    def args(out, *extra):
+        return ["sft", "--preset", "household-smoke", "--model", str(micro_model), "--out",
+                str(out), "--sft.demos", "6", "--sft.micro_batch_size", micro, *extra]  # fmt: skip
+
+    one, two = tmp_path / "one", tmp_path / "two"
+    assert main(args(one)) == 0
+    launch(args(two, "--nproc", "2"))
+    ra, rb = read_metrics(one / "metrics.jsonl"), read_metrics(two / "metrics.jsonl")
+    losses = [[r["sft/loss"] for r in rs if "sft/loss" in r] for rs in (ra, rb)]
+    assert len(losses[0]) >= 2
+    np.testing.assert_allclose(losses[0], losses[1], rtol=1e-6)
+    wa, wb = saved_weights(one / "model"), saved_weights(two / "model")
+    assert max(float((wa[k] - wb[k]).abs().max()) for k in wa) < 1e-6
+    sa, sb = (json.loads((f / "sft.json").read_text()) for f in (one, two))
+    assert (sa["processes"], sb["processes"]) == (1, 2)
+    for when in ("before", "after"):
+        drop = ("eval/time",)
+        assert {k: v for k, v in sa[when].items() if k not in drop} == {
+            k: v for k, v in sb[when].items() if k not in drop
+        }
+    assert "nproc = 2" in (two / "config.toml").read_text()
+
+
+def test_sft_world_checks_ignore_the_rollout_groups():
+    """The warm start splits no task groups: 3 processes are fine with 16 groups; a training
+    run is refused; a bad --nproc is one line."""
+    from mcgpo.training.config import ConfigError
+    from mcgpo.training.distributed import check_world
+
+    cfg = dataclasses.replace(from_dict({"rollout": {"groups": 16}}), nproc=3)
+    check_world(cfg, 3, "sft")
+    with pytest.raises(ConfigError, match="divisible by the world size"):
+        check_world(cfg, 3, "train")
+
+
+def test_sft_bad_nproc_is_one_line_exit_2(tmp_path, micro_model, capsys):
+    from mcgpo.cli import main
+
+    argv = ["sft", "--preset", "household-smoke", "--model", str(micro_model), "--out",
+            str(tmp_path / "run"), "--nproc", "0"]  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "nproc must be >= 1, got 0" in err

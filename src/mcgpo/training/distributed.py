@@ -99,13 +99,14 @@ def current_world() -> World:
     return World(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
 
 
-def check_world(cfg: RunConfig, size: int) -> None:
-    """One-line :class:`ConfigError` for a world size the run cannot be split over."""
+def check_world(cfg: RunConfig, size: int, kind: str = "train") -> None:
+    """One-line :class:`ConfigError` for a world size the run cannot be split over
+    (``kind`` "sft": the warm start, which splits no task groups)."""
     if cfg.nproc < 1:
         raise ConfigError(f"nproc must be >= 1, got {cfg.nproc}")
     if size > 1 and cfg.nproc not in (1, size):
         raise ConfigError(f"--nproc {cfg.nproc} but the launcher started {size} processes")
-    if cfg.rollout.groups % size:
+    if kind == "train" and cfg.rollout.groups % size:
         raise ConfigError(
             f"rollout.groups ({cfg.rollout.groups}) must be divisible by the world size ({size})"
         )
@@ -113,7 +114,7 @@ def check_world(cfg: RunConfig, size: int) -> None:
         raise ConfigError(f"backend must be auto, gloo or nccl; got {cfg.backend!r}")
     if cfg.backend == "nccl" and not cfg.device.startswith("cuda"):
         raise ConfigError("backend nccl needs device cuda; use gloo on CPU")
-    if size > 1 and _scales_by_fail_share(cfg):
+    if kind == "train" and size > 1 and _scales_by_fail_share(cfg):
         raise ConfigError(
             "progress_gpo with scale_by_fail_share needs the share of all-fail groups of the "
             "whole batch, which one rank does not see; train it in one process"
@@ -132,14 +133,15 @@ def _scales_by_fail_share(cfg: RunConfig) -> bool:
     )
 
 
-def init_world(cfg: RunConfig) -> tuple[RunConfig, World]:
-    """Join the process group torchrun set up (gloo on CPU, NCCL on CUDA) when W > 1.
+def init_world(cfg: RunConfig, kind: str = "train") -> tuple[RunConfig, World]:
+    """Join the process group torchrun set up (gloo on CPU, NCCL on CUDA) when W > 1
+    (``kind``: "train" or "sft", for :func:`check_world`).
 
     Returns the config with ``nproc`` set to the world size (so config.toml records it and a
     resume with another world size is refused) and, on CUDA, ``device`` = ``cuda:LOCAL_RANK``.
     """
     size = launched_world_size()
-    check_world(cfg, size)
+    check_world(cfg, size, kind)
     if size == 1:
         return cfg, SINGLE
     dist = torch.distributed

@@ -6,7 +6,8 @@ items 3, 4 and 7).
 * :func:`plan_layout`: inside each mini-batch, rows by length cut into micro-batches that
   keep pair partners together (:func:`mcgpo.objectives.plan_micro_batches`).
 * :func:`whole_batch`, :func:`deal`, :func:`same_pass_count`: the ranks gather the whole
-  batch, plan the single process's layout of it and deal each step's micro-batches out;
+  batch, plan the single process's layout of it and deal each step's micro-batches out
+  (:func:`owners`, the LPT rule the warm start's steps use too);
   :func:`plan_rank_share` puts these together for one rank.
 """
 
@@ -28,6 +29,7 @@ __all__ = [
     "Layout",
     "PairBatch",
     "deal",
+    "owners",
     "pairs_inside",
     "plan_layout",
     "plan_mini_batches",
@@ -165,6 +167,17 @@ def whole_batch(
     )
 
 
+def owners(costs: list[int] | np.ndarray, ranks: int) -> np.ndarray:
+    """The rank of each job (e.g. micro-batch) when the jobs go, largest cost first, to the
+    rank with the least cost so far (ties: the lower rank; equal costs keep their order):
+    the LPT rule. Every rank computes the same assignment from the same costs."""
+    load, owner = np.zeros(ranks), np.empty(len(costs), dtype=np.int64)
+    for i in sorted(range(len(costs)), key=lambda i: -costs[i]):  # stable: ties keep order
+        owner[i] = int(np.argmin(load))
+        load[owner[i]] += costs[i]
+    return owner
+
+
 def deal(layout: Layout, batch: TokenBatch, world: World) -> tuple[Layout, np.ndarray]:
     """This rank's micro-batches of every step of the whole batch's layout, and its rows.
 
@@ -178,11 +191,7 @@ def deal(layout: Layout, batch: TokenBatch, world: World) -> tuple[Layout, np.nd
     lengths = batch.attention_mask.sum(1).cpu().numpy()
     steps: list[list[np.ndarray]] = []
     for micros in layout.steps:
-        cost = [len(rows) * int(lengths[rows].max()) for rows in micros]
-        load, owner = np.zeros(world.size), np.empty(len(micros), dtype=np.int64)
-        for i in sorted(range(len(micros)), key=lambda i: -cost[i]):  # stable: ties keep order
-            owner[i] = int(np.argmin(load))
-            load[owner[i]] += cost[i]
+        owner = owners([len(rows) * int(lengths[rows].max()) for rows in micros], world.size)
         steps.append([rows for rows, r in zip(micros, owner) if r == world.rank])
     rows = np.sort(np.concatenate([r for micros in steps for r in micros] or [np.zeros(0, int)]))
     where = np.full(len(batch), -1, dtype=np.int64)

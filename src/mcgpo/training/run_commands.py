@@ -34,6 +34,8 @@ COMMANDS: dict[str, RunCommand] = {
             "threads",
             "deterministic",
             "progress",
+            "nproc",
+            "backend",
         ),
         ("env", "rollout", "sft", "eval"),
         "warm start: fine-tune the policy on the environment's expert demonstrations",

@@ -16,6 +16,14 @@ noise p, each demo turn takes a random admissible action with probability p inst
 expert's; every visited state is still labelled with the expert's action, which is what
 the model learns. p = 0 gives plain expert demonstrations.
 
+Several processes (``mcgpo sft --nproc W`` or torchrun): every rank plays the same
+demonstrations and takes the same shuffled steps; each step's length-sorted micro-batches
+are dealt over the ranks (largest first to the least-loaded rank, as the RL update deals
+its micro-batches), each rank back-propagates its share with the whole step's token count,
+and the gradients are summed over the ranks before the one AdamW step every rank takes:
+the single process's step up to the order of the float sums. The held-out evaluations
+split their tasks over the ranks; rank 0 writes every file.
+
 The "think" format gets an empty thought (``<think></think><action>..</action>``): the
 experts give actions, not reasoning.
 """
@@ -32,12 +40,21 @@ import torch
 
 from mcgpo.rollout.tokens import TokenBatch
 from mcgpo.training.config import RunConfig
+from mcgpo.training.distributed import SINGLE, World, all_sum, init_world
 from mcgpo.training.evaluate import evaluate
-from mcgpo.training.metrics import MetricSinks, ProgressBar, Table
+from mcgpo.training.layout import owners
+from mcgpo.training.metrics import MetricSinks, ProgressBar, SilentSinks, Table
 from mcgpo.training.setup import build_optimizer, prepare
 from mcgpo.training.update import clip_gradients
 
-__all__ = ["Demonstrations", "expert_demonstrations", "fine_tune", "run_sft", "sft_loss"]
+__all__ = [
+    "Demonstrations",
+    "expert_demonstrations",
+    "fine_tune",
+    "run_sft",
+    "sft_loss",
+    "sum_gradients",
+]
 
 
 class Demonstrations:
@@ -126,15 +143,26 @@ def sft_loss(model: Any, batch: TokenBatch, tokens: float | None = None) -> torc
 
 
 def run_sft(cfg: RunConfig, command: str = "") -> Table:
-    """``mcgpo sft``: warm-start ``cfg.model`` on expert demonstrations into ``<out>/model``."""
+    """``mcgpo sft``: warm-start ``cfg.model`` on expert demonstrations into ``<out>/model``.
+
+    Under torchrun (W > 1 processes) the steps are data-parallel (module docstring)."""
+    cfg, world = init_world(cfg, kind="sft")
+    try:
+        return _run_sft(cfg, command, world)
+    finally:
+        if world.size > 1:
+            torch.distributed.destroy_process_group()
+
+
+def _run_sft(cfg: RunConfig, command: str, world: World) -> Table:
     from mcgpo.policy import save_policy
 
-    setup = prepare(cfg, command, kind="sft")
+    setup = prepare(cfg, command, kind="sft", world=world)
     cfg, folder = setup.cfg, setup.folder
-    sinks = MetricSinks(folder, tensorboard=False)
+    sinks = MetricSinks(folder, tensorboard=False) if world.main else SilentSinks()
 
     def evaluate_now(step: int) -> dict[str, float]:
-        stats = evaluate(setup)
+        stats = evaluate(setup, world)
         sinks.write(step, stats)
         return stats
 
@@ -142,35 +170,46 @@ def run_sft(cfg: RunConfig, command: str = "") -> Table:
     clock = time.perf_counter()
     demos = expert_demonstrations(setup.make_env, setup.tokenizer, cfg, setup.response_format)
     t_demos = time.perf_counter() - clock
-    step = fine_tune(setup.model, setup.tokenizer, demos, cfg, sinks)
+    step = fine_tune(setup.model, setup.tokenizer, demos, cfg, sinks, world)
     t_train = time.perf_counter() - clock - t_demos
     after = evaluate_now(step)
+    title = (
+        f"warm start of {cfg.model} on {cfg.env.name}: {demos.episodes} expert episodes "
+        f"({len(demos)} turns), {step} steps; eval on {cfg.eval.tasks} held-out tasks at "
+        f"T={cfg.eval.temperature}; policy saved to {folder / 'model'}"
+    )
+    table = Table.from_metrics(title, {"before SFT": before, "after SFT": after})
+    if not world.main:
+        return table
     save_policy(setup.model, setup.tokenizer, folder / "model")
     summary = {
         "command": command,
         "demos": {"episodes": demos.episodes, "turns": len(demos), "seconds": round(t_demos, 2)},
         "steps": step,
         "train_seconds": round(t_train, 2),
+        "processes": world.size,
         "before": before,
         "after": after,
     }
     (folder / "sft.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     sinks.close()
-    title = (
-        f"warm start of {cfg.model} on {cfg.env.name}: {demos.episodes} expert episodes "
-        f"({len(demos)} turns), {step} steps; eval on {cfg.eval.tasks} held-out tasks at "
-        f"T={cfg.eval.temperature}; policy saved to {folder / 'model'}"
-    )
-    return Table.from_metrics(title, {"before SFT": before, "after SFT": after})
+    return table
 
 
 def fine_tune(
-    model: Any, tokenizer: Any, demos: Demonstrations, cfg: RunConfig, sinks: MetricSinks
+    model: Any,
+    tokenizer: Any,
+    demos: Demonstrations,
+    cfg: RunConfig,
+    sinks: MetricSinks | SilentSinks,
+    world: World = SINGLE,
 ) -> int:
     """``sft.epochs`` shuffled passes over ``demos`` in batches of ``sft.batch_size``: AdamW
     (the trainer's builder) with a linear warm-up and gradient clipping; returns the steps.
     Each step's turns go through the model in length-sorted micro-batches of
-    ``sft.micro_batch_size`` whose gradients add up to the step's token-mean gradient."""
+    ``sft.micro_batch_size`` whose gradients add up to the step's token-mean gradient; with
+    W > 1 ranks each rank runs its dealt share of them and the gradients are summed over the
+    ranks (:func:`sum_gradients`) before the step."""
     device = next(model.parameters()).device
     optimizer = build_optimizer(model, cfg.sft.lr, cfg.sft.weight_decay)
     warmup = torch.optim.lr_scheduler.LambdaLR(
@@ -178,7 +217,9 @@ def fine_tune(
     )
     generator = torch.Generator().manual_seed(cfg.seed)
     per_epoch = -(-len(demos) // cfg.sft.batch_size)
-    bar = ProgressBar(cfg.sft.epochs * per_epoch, enabled=cfg.progress, desc="sft", unit="step")
+    bar = ProgressBar(
+        cfg.sft.epochs * per_epoch, enabled=cfg.progress and world.main, desc="sft", unit="step"
+    )
     model.train()
     step = 0
     for _ in range(cfg.sft.epochs):
@@ -188,12 +229,14 @@ def fine_tune(
             tokens = demos.response_tokens(rows)
             optimizer.zero_grad(set_to_none=True)
             loss = 0.0
-            for part in demos.micro_batches(rows, cfg.sft.micro_batch_size):
+            for part in _share(demos, demos.micro_batches(rows, cfg.sft.micro_batch_size), world):
                 part_loss = sft_loss(
                     model, demos.batch(part, tokenizer.pad_token_id).to(device), tokens
                 )
                 part_loss.backward()
                 loss += part_loss.item()
+            if world.size > 1:
+                loss = sum_gradients(model, loss, world)
             norm = clip_gradients(model.parameters(), cfg.sft.grad_clip)
             optimizer.step()
             warmup.step()
@@ -203,3 +246,27 @@ def fine_tune(
             bar.advance()
     bar.close()
     return step
+
+
+def _share(demos: Demonstrations, parts: list[np.ndarray], world: World) -> list[np.ndarray]:
+    """This rank's micro-batches of a step: dealt by rows x longest turn (:func:`owners`)."""
+    if world.size == 1:
+        return parts
+    lengths = [max(len(demos.prompts[i]) + len(demos.responses[i]) for i in p) for p in parts]
+    owner = owners([len(p) * n for p, n in zip(parts, lengths)], world.size)
+    return [p for p, r in zip(parts, owner) if r == world.rank]
+
+
+def sum_gradients(model: Any, loss: float, world: World) -> float:
+    """Sum every parameter's gradient over the ranks, in place (one all-reduce of a flat
+    buffer; a parameter this rank did not reach counts as 0), and return the summed loss."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    flat = torch.cat([
+        (p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params
+    ])  # fmt: skip
+    torch.distributed.all_reduce(flat)
+    offset = 0
+    for p in params:
+        p.grad = flat[offset : offset + p.numel()].view_as(p)
+        offset += p.numel()
+    return float(all_sum([loss], world)[0])

@@ -6,8 +6,9 @@
   once and every row's key/value cache once, so at most
   ``rows / ((weight bytes + KV bytes of the step) / bandwidth)`` tokens per second.
 - Training: tokens per second of the raw forward+backward of the training forward pass
-  (``token_log_probs`` over whole rows, the loss a masked mean of the response log-probs, no
-  optimiser step) and of ``update_policy`` on the same rows, laid out in the same
+  (log-probs over whole rows, every row even where rows repeat, the loss a masked mean of
+  the response log-probs, no optimiser step) and of ``update_policy`` on the same rows
+  (which computes repeated rows once), laid out in the same
   length-sorted micro-batches, and model FLOPs utilisation ``6 * params * tokens / seconds /
   peak`` (the common approximation: a forward is 2 FLOPs per parameter per token, the
   backward 4; attention's own FLOPs are left out, so MFU is a slight underestimate).
@@ -25,7 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from mcgpo.policy import token_log_probs
+from mcgpo.policy import token_log_probs_and_entropy
 from mcgpo.rollout import TokenBatch, sample
 from mcgpo.rollout.static_decode import sample_static
 
@@ -146,7 +147,9 @@ def forward_backward(model: Any, batch: TokenBatch, micro: int, autocast: Any = 
     for rows in micro_batches(batch, micro):
         mb = batch.select(rows).to(device)
         with autocast() if autocast else contextlib.nullcontext():
-            lp = token_log_probs(model, mb.input_ids, mb.attention_mask)
+            lp = token_log_probs_and_entropy(
+                model, mb.input_ids, mb.attention_mask, with_entropy=False, unique_rows=False
+            )[0]  # every row through the model, identical ones too
         loss = (lp * mb.response_mask).sum() / mb.response_mask.sum().clamp(min=1)
         loss.backward()
     model.zero_grad(set_to_none=True)

@@ -7,6 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 from mcgpo.policy import (
     position_ids,
@@ -302,3 +304,73 @@ def test_positions_bad_shape_and_soft_capped_models(small_policy):
             token_log_probs(model, ids, torch.ones_like(ids), positions=torch.ones_like(ids))
     finally:
         model.config.final_logit_softcapping = None
+
+
+class CountingBigram(Bigram):
+    """The Bigram that records the batch size of every forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.batches: list[int] = []
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None, use_cache=False):
+        self.batches.append(input_ids.shape[0])
+        return super().forward(input_ids, attention_mask, position_ids, use_cache)
+
+
+def test_identical_rows_go_through_the_model_once():
+    # rows 0, 2 and 3 hold the same real tokens and mask (row 3's padding id differs: it does
+    # not count); row 1 differs. The model sees 2 rows; every copy gets its row's values,
+    # bit-equal to running all 4 (the Bigram treats rows independently).
+    ids = torch.tensor([[0, 2, 1, 0], [1, 0, 0, 0], [0, 2, 1, 0], [0, 2, 1, 2]])
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 0], [1, 1, 1, 0]])
+    model = CountingBigram()
+    lp, h = token_log_probs_and_entropy(model, ids, mask)
+    assert model.batches == [2]
+    all_lp, all_h = token_log_probs_and_entropy(model, ids, mask, unique_rows=False)
+    assert model.batches == [2, 4]
+    assert torch.equal(lp, all_lp) and torch.equal(h, all_h)
+    # log p(2 | 0) = ln 1/2, log p(1 | 2) = ln 1/4 in every copy
+    for row in (0, 2, 3):
+        assert lp[row].tolist() == pytest.approx([0.0, math.log(1 / 2), math.log(1 / 4), 0.0])
+
+
+@pytest.mark.parametrize("chunk", [None, 2])
+def test_identical_rows_keep_every_copys_gradient(small_policy, chunk):
+    """A loss that weighs the copies of a row differently: the gradient with identical rows
+    computed once (their upstream gradients summed by the indexing) equals the all-rows one;
+    rows equal in tokens but not in ``positions`` are not merged."""
+    model, tok = small_policy
+    ids, mask, positions = _response_rows(tok)
+    ids = torch.cat([ids, ids[:1], ids[:1], ids[:1]])
+    mask = torch.cat([mask, mask[:1], mask[:1], mask[:1]])
+    positions = torch.cat([positions, positions[:1], positions[:1], positions[:1]])
+    positions[4, -3] = False  # the last copy asks for fewer positions: a row of its own
+    weights = torch.tensor([1.0, -0.5, 2.0, 3.0, 0.25]).unsqueeze(1)
+    results = []
+    for unique in (True, False):
+        lp, h = token_log_probs_and_entropy(
+            model, ids, mask, chunk_size=chunk, positions=positions, unique_rows=unique
+        )
+        ((lp * weights).sum() + (h * weights).sum()).backward()
+        results.append((lp.detach(), h.detach(), [p.grad.clone() for p in model.parameters()]))
+        model.zero_grad()
+    (lp1, h1, g1), (lp2, h2, g2) = results
+    assert torch.allclose(lp1, lp2, atol=1e-6) and torch.allclose(h1, h2, atol=1e-6)
+    assert torch.equal(lp1[0], lp1[2]) and torch.equal(lp1[0], lp1[3])
+    assert lp1[4, -3] == 0 and lp1[0, -3] < 0
+    for a, b in zip(g1, g2):
+        assert torch.allclose(a, b, atol=1e-6)
+
+
+@given(st.lists(st.lists(st.integers(0, 2), min_size=3, max_size=3), min_size=1, max_size=12))
+def test_distinct_rows_name_the_first_copy_of_each_row(rows):
+    from mcgpo.policy.logprobs import _distinct_rows
+
+    ids = torch.tensor(rows)
+    mask = (ids != 0).long()  # id 0 is padding here: its value must not matter
+    first, inverse = _distinct_rows(torch.where(mask.bool(), ids, 7), mask, None)
+    keys = [tuple(r) for r in rows]
+    assert first.tolist() == sorted({keys.index(k) for k in keys})  # first copies, in order
+    for i, k in enumerate(keys):
+        assert keys[first[inverse[i]]] == k

@@ -47,6 +47,24 @@ def test_plugin_config_errors():
         plugin_config(verl_config(nope=1))
 
 
+def test_plugin_config_takes_per_estimator_tables():
+    """``algo: {<estimator>: {...}}`` in the OmegaConf block, as the paper presets write
+    GraphGPO's omega: used by the algorithms that run that estimator (graphgpo, mcgpo),
+    ignored by one that does not (grpo), and checked against the estimator's options."""
+    from mcgpo.integrations.verl.config import plugin_config
+    from mcgpo.training.config import ConfigError
+
+    table = {"graphgpo": {"omega": 0.2}}
+    assert plugin_config(verl_config("graphgpo", **table)).algo.estimator["omega"] == 0.2
+    assert plugin_config(verl_config("mcgpo", **table)).algo.estimator["omega"] == 0.2
+    assert "omega" not in plugin_config(verl_config("grpo", **table)).algo.estimator
+    # a flat option wins over the table, as on the command line
+    both = verl_config("graphgpo", omega=0.3, **table)
+    assert plugin_config(both).algo.estimator["omega"] == 0.3
+    with pytest.raises(ConfigError, match=r"unknown option --algo.graphgpo.nope for graphgpo"):
+        plugin_config(verl_config("graphgpo", graphgpo={"nope": 1}))
+
+
 def test_agent_loop_runs_whole_episodes(episodes):
     _, server, outs = episodes
     rows = [o for outputs in outs.values() for o in outputs]

@@ -174,13 +174,59 @@ def test_steps_that_one_rank_has_no_rows_of_match_one_process(tmp_path, smoke_ar
     assert steps[0] == steps[1] == [2.0, 2.0]
 
 
-@pytest.mark.parametrize(
-    "flag", ["--algo.scale_by_fail_share", "--algo.progress_gpo.scale_by_fail_share"]
-)
-def test_progress_gpo_fail_share_is_refused_across_processes(tmp_path, smoke_args, capsys, flag):
-    args = smoke_args(tmp_path / "run", "--algo.name", "progress_gpo", "--nproc", "2")
-    assert main([*args, flag, "true"]) == 2
-    assert "scale_by_fail_share" in capsys.readouterr().err
+def _walk(group: int, traj: int, observations: str, won: bool) -> list[dict]:
+    last = len(observations) - 2
+    return [
+        {"group": group, "traj": traj, "slot": traj % 4, "turn": t,
+         "reward": 10.0 if won and t == last else 0.0, "done": t == last,
+         "success": float(won), "score": float(won), "action": f"go to {observations[t + 1]}",
+         "action_valid": True, "anchor": observations[t], "next_anchor": observations[t + 1]}
+        for t in range(len(observations) - 1)
+    ]  # fmt: skip
+
+
+def test_progress_gpo_fail_share_counts_the_whole_batch_on_every_rank(monkeypatch):
+    """progress_gpo with scale_by_fail_share on 2 ranks: the single process's advantages.
+    One process holds 3 groups: 0 and 2 all-fail, 1 mixed, so lam = 0.3 x 2/3. Rank 0 holds
+    groups 0, 1 (its own share 1/2), rank 1 group 2 (share 1/1); summing the counts over
+    the ranks (all_sum, stood in for here by the two ranks' counts) gives both 2/3."""
+    from mcgpo.training import distributed
+    from mcgpo.training.algorithms import assign_credit, resolve_algo
+    from mcgpo.training.config import AlgoConfig
+
+    rank0 = _walk(0, 0, "OPQR", False) + _walk(0, 1, "OPOP", False) + _walk(0, 2, "OOP", False)
+    rank0 += _walk(1, 4, "OW", True) + _walk(1, 5, "OOO", False)
+    rank1 = _walk(0, 0, "OPQ", False) + _walk(0, 1, "OOO", False)  # global group 2
+    parts = [StepTable.from_records(rank0), StepTable.from_records(rank1)]
+    whole = union_tables(parts, group_size=4)
+    given = {"lam": 0.3, "scale_by_fail_share": True}
+    algo = resolve_algo(AlgoConfig(name="progress_gpo", estimator=given), group_size=4)
+    one = assign_credit(whole, algo)
+    assert one.stats["adv/lam_effective"] == pytest.approx(0.3 * 2 / 3)
+    counts = [np.array([1.0, 2.0]), np.array([1.0, 1.0])]  # (all-fail groups, groups)
+    monkeypatch.setattr(distributed, "all_sum", lambda values, world: counts[0] + counts[1])
+    advantages = []
+    for rank, part in enumerate(parts):
+        fixed = distributed.whole_batch_algo(algo, part, World(rank, 2))
+        assert fixed.estimator["scale_by_fail_share"] is False
+        advantages.append(assign_credit(part, fixed).advantages)
+    np.testing.assert_array_equal(np.concatenate(advantages), one.advantages)
+    assert (one.advantages != 0).any()
+    # one process, or another estimator: the config as given
+    assert distributed.whole_batch_algo(algo, whole, World()) is algo
+
+
+@pytest.mark.slow
+def test_progress_gpo_fail_share_trains_on_two_processes_as_one(tmp_path, smoke_args):
+    extra = (*GREEDY, "--algo.name", "progress_gpo", "--algo.scale_by_fail_share", "true")
+    one, two = tmp_path / "one", tmp_path / "two"
+    assert main(smoke_args(one, *extra, "--save-rollouts")) == 0
+    launch(smoke_args(two, *extra, "--save-rollouts", "--nproc", "2"))
+    for update in (1, 2):
+        a, b = _rows(one, update, 1), _rows(two, update, 2)
+        np.testing.assert_allclose(a["advantage"], b["advantage"], rtol=0, atol=1e-12)
+    wa, wb = saved_weights(one / "model"), saved_weights(two / "model")
+    assert max(float((wa[k] - wb[k]).abs().max()) for k in wa) < 1e-5
 
 
 @given(

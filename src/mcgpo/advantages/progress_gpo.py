@@ -40,7 +40,14 @@ from mcgpo.grouping import codes, group_stats, normalise, trajectory_view
 from mcgpo.options import Options, option
 from mcgpo.steps import StepTable
 
-__all__ = ["BASES", "Base", "ProgressGpoOptions", "first_visit_coverage", "progress_gpo"]
+__all__ = [
+    "BASES",
+    "Base",
+    "ProgressGpoOptions",
+    "all_fail_groups",
+    "first_visit_coverage",
+    "progress_gpo",
+]
 
 
 class Base(NamedTuple):
@@ -128,6 +135,12 @@ def first_visit_coverage(table: StepTable) -> np.ndarray:
     return (covered / actions)[t]
 
 
+def all_fail_groups(table: StepTable) -> np.ndarray:
+    """One flag per task group (in the order of :func:`codes`): no row of it succeeded."""
+    g = codes(table.group)
+    return np.bincount(g, weights=table.success, minlength=int(g.max()) + 1) == 0
+
+
 def progress_gpo(
     table: StepTable, options: ProgressGpoOptions | None = None, **kwargs: Any
 ) -> tuple[np.ndarray, dict[str, float]]:
@@ -141,7 +154,7 @@ def progress_gpo(
         return adv, stats
     g = codes(table.group)
     n_groups = int(g.max()) + 1
-    all_fail = np.bincount(g, weights=table.success, minlength=n_groups) == 0
+    all_fail = all_fail_groups(table)
     # trajectory-level z-score of the coverage inside each all-fail group; a group whose
     # coverage does not vary (or with one trajectory) gets 0
     cover = first_visit_coverage(table)

@@ -5,7 +5,8 @@ A run on W processes (``torchrun --nproc-per-node W -m mcgpo train ...`` or
 ``G/W`` whole groups: rank r plays global groups ``r*G/W .. (r+1)*G/W - 1`` on the task
 numbers the single-process run would give them, so the ranks' StepTables, laid end to end
 with :func:`union_tables`, are the single-process StepTable. Every estimator is group-local,
-so each rank computes advantages and pairs on its own groups (docs/scale-out.md lists each).
+so each rank computes advantages and pairs on its own groups (docs/scale-out.md lists each;
+progress_gpo's batch-wide fail share is summed over the ranks, :func:`whole_batch_algo`).
 The update is DDP by default, or FSDP2 with ``train.sharding = "fsdp2"``
 (:func:`distributed_learner`; the maths is :mod:`mcgpo.training.update`); rank 0 writes
 every file. Either wraps the policy in :class:`~mcgpo.policy.logprobs.PolicyForward`, whose
@@ -39,7 +40,7 @@ import torch
 
 from mcgpo.policy.logprobs import PolicyForward
 from mcgpo.steps import StepTable
-from mcgpo.training.config import ConfigError, RunConfig
+from mcgpo.training.config import AlgoConfig, ConfigError, RunConfig
 
 __all__ = [
     "World",
@@ -62,6 +63,7 @@ __all__ = [
     "shard_policy",
     "sharded",
     "union_tables",
+    "whole_batch_algo",
     "zero_backward",
 ]
 
@@ -114,23 +116,25 @@ def check_world(cfg: RunConfig, size: int, kind: str = "train") -> None:
         raise ConfigError(f"backend must be auto, gloo or nccl; got {cfg.backend!r}")
     if cfg.backend == "nccl" and not cfg.device.startswith("cuda"):
         raise ConfigError("backend nccl needs device cuda; use gloo on CPU")
-    if kind == "train" and size > 1 and _scales_by_fail_share(cfg):
-        raise ConfigError(
-            "progress_gpo with scale_by_fail_share needs the share of all-fail groups of the "
-            "whole batch, which one rank does not see; train it in one process"
-        )
 
 
-def _scales_by_fail_share(cfg: RunConfig) -> bool:
-    """progress_gpo's ``scale_by_fail_share``: the one estimator option that is not
-    group-local (its lam is scaled by the batch-wide share of all-fail groups)."""
-    from mcgpo.training.config import parse_scalar
+def whole_batch_algo(algo: AlgoConfig, table: StepTable, world: World) -> AlgoConfig:
+    """The resolved ``algo`` for this rank's part of a batch (``table``): unchanged, except
+    progress_gpo with ``scale_by_fail_share`` on W > 1, the one estimator option that is not
+    group-local (lam is scaled by the share of all-fail groups of the *whole* batch). There
+    the two counts (all-fail groups, groups) are summed over the ranks and the scaled lam is
+    passed on as a fixed one, so every rank computes the single process's advantages (the
+    same float: count / groups, times lam)."""
+    options = algo.estimator
+    if world.size == 1 or algo.name != "progress_gpo" or not options["scale_by_fail_share"]:
+        return algo
+    from mcgpo.advantages.progress_gpo import all_fail_groups
 
-    given = {**cfg.algo.per_estimator.get("progress_gpo", {}), **cfg.algo.estimator}
-    value = given.get("scale_by_fail_share", False)
-    return cfg.algo.name == "progress_gpo" and bool(
-        parse_scalar(value) if isinstance(value, str) else value
-    )
+    fails = all_fail_groups(table) if len(table) else np.zeros(0, dtype=bool)
+    n_fail, n_groups = all_sum([float(fails.sum()), float(len(fails))], world)
+    share = float(n_fail / n_groups) if n_groups else 0.0
+    fixed = {**options, "lam": options["lam"] * share, "scale_by_fail_share": False}
+    return dataclasses.replace(algo, estimator=fixed)
 
 
 def init_world(cfg: RunConfig, kind: str = "train") -> tuple[RunConfig, World]:

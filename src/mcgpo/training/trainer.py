@@ -39,6 +39,7 @@ from mcgpo.training.distributed import (
     init_world,
     merge_metrics,
     rank_block,
+    whole_batch_algo,
 )
 from mcgpo.training.evaluate import evaluate
 from mcgpo.training.metrics import PeakMemory, ProgressBar, Table, read_metrics
@@ -94,7 +95,8 @@ def _train(run: Run) -> Table:
         # 2. Credit on the learnable rows only (errored trajectories are excluded).
         clock = time.perf_counter()
         learnable = rollout.learnable()
-        credit = assign_credit(learnable.table, cfg.algo)
+        algo = whole_batch_algo(cfg.algo, learnable.table, world)  # W > 1: batch-wide counts
+        credit = assign_credit(learnable.table, algo)
         t_credit = time.perf_counter() - clock
 
         # 3. The PPO update, the pair loss in the same micro-batch passes.

@@ -63,7 +63,8 @@ import torch
 
 from mcgpo.rollout import collect
 from mcgpo.training.algorithms import assign_credit, resolve_algo
-from mcgpo.training.config import RunConfig, from_dict
+from mcgpo.training.config import RunConfig
+from mcgpo.training.config_layout import from_dict
 from mcgpo.training.presets import load_preset
 from mcgpo.training.setup import (
     apply_runtime,

@@ -13,7 +13,8 @@ import sys
 import pytest
 
 from mcgpo.cli import COMMANDS, build_parser, main, resolve
-from mcgpo.training.config import RunConfig, flatten, scalar_fields
+from mcgpo.training.config import RunConfig
+from mcgpo.training.config_layout import flatten, scalar_fields
 from mcgpo.training.presets import available_presets
 
 

@@ -27,13 +27,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from mcgpo.training.config import (
-    ConfigError,
-    RunConfig,
-    field_type,
-    from_dict,
-    scalar_fields,
-)
+from mcgpo.training.config import ConfigError, RunConfig
+from mcgpo.training.config_layout import field_type, from_dict, scalar_fields
 from mcgpo.training.run_commands import COMMANDS
 
 __all__ = ["COMMANDS", "build_parser", "main", "resolve"]

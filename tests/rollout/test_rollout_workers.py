@@ -77,14 +77,15 @@ def test_bad_worker_options(field, value, message):
     ],
 )
 def test_config_checks_the_worker_settings(env, message):
-    from mcgpo.training.config import ConfigError, from_dict
+    from mcgpo.training.config import ConfigError
+    from mcgpo.training.config_layout import from_dict
 
     with pytest.raises(ConfigError, match=re.escape(message)):
         from_dict({"env": env}).check()  # inf is refused when read, the rest by check()
 
 
 def test_the_run_config_reaches_collect():
-    from mcgpo.training.config import from_dict
+    from mcgpo.training.config_layout import from_dict
     from mcgpo.training.setup import collect_options
 
     cfg = from_dict({"env": {"workers": 4, "step_timeout": 2.5, "n_receptacles": 12}})

@@ -10,16 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mcgpo.training.algorithms import ALGORITHMS, resolve_algo
-from mcgpo.training.config import (
-    AlgoConfig,
-    ConfigError,
-    RunConfig,
-    TrainConfig,
-    coerce,
-    flatten,
-    from_dict,
-    parse_scalar,
-)
+from mcgpo.training.config import AlgoConfig, ConfigError, RunConfig, TrainConfig
+from mcgpo.training.config_layout import coerce, flatten, from_dict, parse_scalar
 from mcgpo.training.presets import (
     available_presets,
     load_preset,

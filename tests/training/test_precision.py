@@ -27,7 +27,8 @@ from mcgpo.policy.precision import (
 from mcgpo.policy.tiny import tiny_model, train_tokenizer
 from mcgpo.rollout.sampler import sample
 from mcgpo.rollout.tokens import TokenBatch
-from mcgpo.training.config import ConfigError, RunConfig, TrainConfig, from_dict
+from mcgpo.training.config import ConfigError, RunConfig, TrainConfig
+from mcgpo.training.config_layout import from_dict
 from mcgpo.training.metrics import PeakMemory, read_metrics
 from mcgpo.training.old_logprobs import mismatch_stats, recompute_log_probs
 from mcgpo.training.setup import check_device

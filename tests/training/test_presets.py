@@ -10,7 +10,8 @@ from importlib import resources
 import pytest
 
 from mcgpo.training.algorithms import resolve_algo
-from mcgpo.training.config import RunConfig, from_dict
+from mcgpo.training.config import RunConfig
+from mcgpo.training.config_layout import from_dict
 from mcgpo.training.presets import load_preset, preset_command
 
 PAPER_PRESETS = {  # name -> (environment, turns, response format)

@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mcgpo.training.config import ConfigError, RunConfig, from_dict
+from mcgpo.training.config import ConfigError, RunConfig
+from mcgpo.training.config_layout import from_dict
 from mcgpo.training.presets import parse_toml, preset_command, to_toml
 
 # One value in every section, option dicts included, with the values a hand-written TOML

@@ -10,7 +10,8 @@ import torch
 from mcgpo.cli import main
 from mcgpo.rollout import CollectOptions
 from mcgpo.training import setup as run_setup
-from mcgpo.training.config import ConfigError, RunConfig, from_dict
+from mcgpo.training.config import ConfigError, RunConfig
+from mcgpo.training.config_layout import from_dict
 from mcgpo.training.setup import collect_options, prepare, writable_folder
 from mcgpo.training.update import clip_gradients
 

@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 from mcgpo.envs import make_env
 from mcgpo.policy import load_policy
 from mcgpo.rollout.prompts import encode_prompt, encode_response, render_prompt
-from mcgpo.training.config import RunConfig, SFTConfig, from_dict
+from mcgpo.training.config import RunConfig, SFTConfig
+from mcgpo.training.config_layout import from_dict
 from mcgpo.training.sft import Demonstrations, expert_demonstrations, sft_loss
 
 

@@ -19,16 +19,16 @@ them as arguments. Two values are read from their owners instead of copied: the 
 from :mod:`mcgpo.objectives` (imported by :meth:`TrainConfig.check` only, so that reading a
 config does not import torch) and the shaping coefficient from :mod:`mcgpo.shaping`.
 
-Resolution: dataclass defaults, then a preset, then command-line flags (:mod:`mcgpo.cli`).
-Unknown keys and bad values raise :class:`ConfigError` naming the key.
+Resolution: dataclass defaults, then a preset, then command-line flags (:mod:`mcgpo.cli`);
+the nested-dict (TOML) layout they are read from and written to is
+:mod:`mcgpo.training.config_layout`. Unknown keys and bad values raise :class:`ConfigError`
+naming the key.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields, is_dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from mcgpo.envs.pool import DEFAULT_STEP_TIMEOUT
@@ -45,9 +45,6 @@ __all__ = [
     "RunConfig",
     "SFTConfig",
     "TrainConfig",
-    "flatten",
-    "from_dict",
-    "scalar_fields",
 ]
 
 
@@ -303,139 +300,6 @@ class RunConfig:
         _at_least("corpus_episodes", self.corpus_episodes, 1)
         for section in (self.env, self.rollout, self.algo, self.train, self.eval, self.sft):
             section.check()
-
-
-SECTIONS = ("env", "rollout", "algo", "train", "eval", "sft")
-
-
-# Sections whose unknown keys are options of a component (estimator, environment), kept in
-# this dict field; they appear flat in TOML and on the command line ([algo] omega = 0.2).
-OPTION_FIELDS = {"algo": "estimator", "env": "options"}
-
-
-def scalar_fields(cls: type) -> list[dataclasses.Field]:
-    """The fields of a config dataclass that hold one value (not sections or option dicts)."""
-    return [
-        f
-        for f in fields(cls)
-        if f.name not in SECTIONS
-        and f.name not in ("estimator", "pairs", "per_estimator", "options")
-        and f.init
-    ]
-
-
-def field_type(f: dataclasses.Field) -> type:
-    """The Python type of a scalar config field (annotations are strings here)."""
-    return {"str": str, "int": int, "float": float, "bool": bool}[str(f.type)]
-
-
-def from_dict(data: Mapping[str, Any], base: RunConfig | None = None, where: str = "") -> RunConfig:
-    """Apply a nested dict (TOML layout) onto ``base``; unknown keys raise ConfigError.
-
-    Layout: top-level scalars, then one table per section; inside ``[algo]`` any key that is
-    not an AlgoConfig field is an estimator option, ``[algo.pairs]`` holds preference
-    options and ``[algo.<estimator>]`` the options of one estimator, used when the algorithm
-    runs it (all checked later against the chosen algorithm, in ``resolve_algo``).
-    """
-    base = base or RunConfig()
-    prefix = f"{where}: " if where else ""
-    top: dict[str, Any] = {}
-    sections: dict[str, Any] = {}
-    known_top = {f.name: f for f in scalar_fields(RunConfig)}
-    for key, value in data.items():
-        if key in SECTIONS:
-            if not isinstance(value, Mapping):
-                raise ConfigError(f"{prefix}{key} must be a table")
-            sections[key] = value
-        elif key in known_top:
-            top[key] = coerce(key, value, field_type(known_top[key]), prefix)
-        else:
-            raise ConfigError(f"{prefix}unknown key {key!r}")
-    for name, table in sections.items():
-        section = getattr(base, name)
-        known = {f.name: f for f in scalar_fields(type(section))}
-        updates: dict[str, Any] = {}
-        extra_field = OPTION_FIELDS.get(name)
-        extra: dict[str, Any] = dict(getattr(section, extra_field)) if extra_field else {}
-        pairs: dict[str, Any] = dict(section.pairs) if name == "algo" else {}
-        tables = {k: dict(v) for k, v in section.per_estimator.items()} if name == "algo" else {}
-        for key, value in table.items():
-            if key in known:
-                updates[key] = coerce(f"{name}.{key}", value, field_type(known[key]), prefix)
-            elif name == "algo" and key == "pairs":
-                if not isinstance(value, Mapping):
-                    raise ConfigError(f"{prefix}algo.pairs must be a table")
-                pairs.update(value)
-            elif name == "algo" and isinstance(value, Mapping):  # [algo.<estimator>]
-                tables.setdefault(key, {}).update(value)
-            elif extra_field and not isinstance(value, Mapping):
-                extra[key] = value
-            else:
-                raise ConfigError(f"{prefix}unknown key '{name}.{key}'")
-        if extra_field:
-            updates[extra_field] = extra
-        if name == "algo":
-            updates["pairs"] = pairs
-            updates["per_estimator"] = tables
-        top[name] = dataclasses.replace(section, **updates)
-    return dataclasses.replace(base, **top)
-
-
-def coerce(key: str, value: Any, kind: type, prefix: str = "") -> Any:
-    """Check or convert one value to ``kind`` (strings from the command line are parsed)."""
-    if isinstance(value, str) and kind is not str:
-        value = parse_scalar(value)
-    if kind is bool:
-        if isinstance(value, bool):
-            return value
-        raise ConfigError(f"{prefix}{key}: expected true or false, got {value!r}")
-    if kind is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        raise ConfigError(f"{prefix}{key}: expected an integer, got {value!r}")
-    if kind is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            if not math.isfinite(value):
-                raise ConfigError(f"{prefix}{key}: expected a finite number, got {value!r}")
-            return float(value)
-        raise ConfigError(f"{prefix}{key}: expected a number, got {value!r}")
-    if not isinstance(value, str):
-        raise ConfigError(f"{prefix}{key}: expected a string, got {value!r}")
-    return value
-
-
-def parse_scalar(text: str) -> Any:
-    """A command-line value as TOML would read it: true/false, int, float, else the string."""
-    low = text.strip().lower()
-    if low in ("true", "false"):
-        return low == "true"
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return text
-
-
-def flatten(cfg: Any, prefix: str = "") -> dict[str, Any]:
-    """Dotted key -> value for every setting (sections and option dicts included)."""
-    out: dict[str, Any] = {}
-    for f in fields(cfg):
-        value = getattr(cfg, f.name)
-        key = f"{prefix}{f.name}"
-        if is_dataclass(value):
-            out.update(flatten(value, key + "."))
-        elif f.name in OPTION_FIELDS.values():
-            out.update({f"{prefix}{k}": v for k, v in value.items()})
-        elif f.name == "per_estimator":  # algo.<estimator>.<option>
-            out.update(
-                {f"{prefix}{e}.{k}": v for e, opts in value.items() for k, v in opts.items()}
-            )
-        elif isinstance(value, Mapping):
-            out.update({f"{key}.{k}": v for k, v in value.items()})
-        else:
-            out[key] = value
-    return out
 
 
 def _at_least(key: str, value: float, low: float) -> None:

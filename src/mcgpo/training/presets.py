@@ -16,7 +16,8 @@ from typing import Any
 
 import tomli_w
 
-from mcgpo.training.config import ConfigError, RunConfig, flatten
+from mcgpo.training.config import ConfigError, RunConfig
+from mcgpo.training.config_layout import flatten
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from mcgpo.training.config import RunConfig, scalar_fields
+from mcgpo.training.config import RunConfig
+from mcgpo.training.config_layout import scalar_fields
 
 __all__ = ["COMMANDS", "RunCommand"]
 

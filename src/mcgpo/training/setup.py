@@ -31,7 +31,8 @@ import torch
 
 from mcgpo.rollout.collect import CollectOptions
 from mcgpo.training.checkpoint import latest_checkpoint, load_checkpoint, restore_rng
-from mcgpo.training.config import ConfigError, RunConfig, flatten, from_dict, parse_scalar
+from mcgpo.training.config import ConfigError, RunConfig
+from mcgpo.training.config_layout import flatten, from_dict, parse_scalar
 from mcgpo.training.distributed import (
     SINGLE,
     World,

@@ -72,9 +72,12 @@ class Demonstrations:
         is padding; the order of the steps is not changed."""
         if size <= 0 or size >= len(rows):
             return [np.asarray(rows)]
-        lengths = [len(self.prompts[i]) + len(self.responses[i]) for i in rows]
-        ranked = np.asarray(rows)[np.argsort(lengths, kind="stable")]
+        ranked = np.asarray(rows)[np.argsort(self.lengths(rows), kind="stable")]
         return [ranked[k : k + size] for k in range(0, len(ranked), size)]
+
+    def lengths(self, rows: np.ndarray) -> list[int]:
+        """Prompt + response tokens of each of ``rows``."""
+        return [len(self.prompts[i]) + len(self.responses[i]) for i in rows]
 
     def response_tokens(self, rows: np.ndarray) -> int:
         return sum(len(self.responses[i]) for i in rows)
@@ -252,8 +255,7 @@ def _share(demos: Demonstrations, parts: list[np.ndarray], world: World) -> list
     """This rank's micro-batches of a step: dealt by rows x longest turn (:func:`owners`)."""
     if world.size == 1:
         return parts
-    lengths = [max(len(demos.prompts[i]) + len(demos.responses[i]) for i in p) for p in parts]
-    owner = owners([len(p) * n for p, n in zip(parts, lengths)], world.size)
+    owner = owners([len(p) * max(demos.lengths(p)) for p in parts], world.size)
     return [p for p, r in zip(parts, owner) if r == world.rank]
 
 

@@ -2,7 +2,7 @@
 
 verl's ``AlgoConfig`` is a strict dataclass (an unknown key is a TypeError), so mcgpo's
 options live in their own block, in the TOML layout of mcgpo's run configs
-(:func:`mcgpo.training.config.from_dict`) restricted to the sections the plugin reads::
+(:func:`mcgpo.training.config_layout.from_dict`) restricted to the sections the plugin reads::
 
     mcgpo:
       env: {name: alfworld, max_turns: 50, train_split: train, <env options>...}
@@ -20,7 +20,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from mcgpo.training.algorithms import resolve_algo
-from mcgpo.training.config import ConfigError, RunConfig, from_dict
+from mcgpo.training.config import ConfigError, RunConfig
+from mcgpo.training.config_layout import from_dict
 
 __all__ = ["PLUGIN_SECTIONS", "plugin_config"]
 

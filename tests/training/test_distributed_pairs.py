@@ -13,6 +13,7 @@ the whole batch is the reference; float64 runs show that what is left in float32
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -67,6 +68,7 @@ def problem(model_dir, dtype="float32"):
 """
 
 RANK = """
+import json
 import sys
 import copy
 import torch
@@ -97,7 +99,9 @@ if sharding == "fsdp2":
     copy_full_weights(learner, policy)
 if world.rank == 0:
     torch.save({k: v.clone() for k, v in policy.state_dict().items()}, out)
-print("USED", world.rank, stats["pairs/used"], stats["pairs/split_micro"], flush=True)
+# each rank writes its own file: two ranks' prints on one shared pipe can interleave
+with open(f"{out}.rank{world.rank}.json", "w") as f:
+    json.dump({"used": stats["pairs/used"], "split": stats["pairs/split_micro"]}, f)
 dist.destroy_process_group()
 """
 
@@ -148,11 +152,12 @@ def test_two_ranks_with_pairs_update_as_one_process(micro_model, tmp_path, shard
     ]  # fmt: skip
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    used = sorted(line.split()[1:] for line in done.stdout.splitlines() if line.startswith("USED"))
+    used = [json.loads(Path(f"{out}.rank{r}.json").read_text()) for r in range(2)]
     start, single, stats = _single(micro_model, tmp_path, dtype)
     # every pair entered the loss in both runs, none was split across micro-batches
     assert stats["pairs/used"] == 4.0 and stats["pairs/split_micro"] == 0.0
-    assert [float(u[1]) for u in used] == [2.0, 2.0]  # two pairs on each rank
+    assert [u["used"] for u in used] == [2.0, 2.0]  # two pairs on each rank
+    assert [u["split"] for u in used] == [0.0, 0.0]
     two = torch.load(out)
     diff = max(float((two[k] - single[k]).abs().max()) for k in single)
     moved = max(float((single[k] - start[k]).abs().max()) for k in single)

@@ -284,7 +284,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.parse_args([command, "--help"])
         cfg = resolve(command, argv[1:])
         check_environment(cfg)
-        if command in ("train", "sft") and cfg.nproc > 1:
+        if cfg.nproc > 1:  # train, sft and eval run on several processes
             from mcgpo.training.distributed import check_world, launch_local, launched_world_size
 
             if launched_world_size() == 1:  # the --nproc shortcut: start the N processes

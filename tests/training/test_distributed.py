@@ -97,6 +97,38 @@ def test_bad_world_settings_are_one_line_exit_2(tmp_path, smoke_args, capsys, ex
     assert err.count("\n") == 0 and message in err
 
 
+@pytest.mark.slow
+def test_two_processes_evaluate_as_one(tmp_path, micro_model):
+    """``mcgpo eval --nproc 2``: 3 held-out tasks split 2 + 1 over the ranks, sampled at the
+    preset's eval temperature (0.4); every episode draws from its global index's stream, so
+    eval.json holds the single process's numbers. Rank 0 alone writes it."""
+    import json
+
+    def args(out, *extra):
+        return ["eval", "--preset", "household-smoke", "--model", str(micro_model), "--out",
+                str(out), "--eval.tasks", "3", *extra]  # fmt: skip
+
+    one, two = tmp_path / "one", tmp_path / "two"
+    assert main(args(one)) == 0
+    launch(args(two, "--nproc", "2"))
+    a, b = (json.loads((f / "eval.json").read_text()) for f in (one, two))
+    assert (a.pop("processes"), b.pop("processes")) == (1, 2)
+    assert a["eval/episodes"] == 3.0 and a["eval/turns"] > 1.0
+    drop = ("command", "eval/time")
+    assert {k: v for k, v in a.items() if k not in drop} == {
+        k: v for k, v in b.items() if k not in drop
+    }
+    assert sorted(p.name for p in two.iterdir()) == ["eval.json"]  # no config.toml, no tmp
+
+
+def test_eval_bad_nproc_is_one_line_exit_2(tmp_path, micro_model, capsys):
+    argv = ["eval", "--preset", "household-smoke", "--model", str(micro_model), "--out",
+            str(tmp_path / "e"), "--nproc", "0"]  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "nproc must be >= 1, got 0" in err
+
+
 def _rows(folder: Path, update: int, ranks: int):
     import pandas as pd
 

@@ -276,7 +276,7 @@ class RunConfig:
     tensorboard: bool = _opt(True, "write TensorBoard event files")
     progress: bool = _opt(True, "show a progress bar")
     nproc: int = _opt(
-        1, "training processes on this machine (world size; torchrun sets it); see scale-out.md"
+        1, "processes on this machine (world size; torchrun sets it); see scale-out.md"
     )
     backend: str = _opt("auto", "torch.distributed backend: auto (gloo on CPU, nccl on CUDA)")
     env: EnvConfig = field(default_factory=EnvConfig)

@@ -103,7 +103,7 @@ def current_world() -> World:
 
 def check_world(cfg: RunConfig, size: int, kind: str = "train") -> None:
     """One-line :class:`ConfigError` for a world size the run cannot be split over
-    (``kind`` "sft": the warm start, which splits no task groups)."""
+    (``kind`` "sft" or "eval": the warm start and the evaluation split no task groups)."""
     if cfg.nproc < 1:
         raise ConfigError(f"nproc must be >= 1, got {cfg.nproc}")
     if size > 1 and cfg.nproc not in (1, size):
@@ -139,7 +139,7 @@ def whole_batch_algo(algo: AlgoConfig, table: StepTable, world: World) -> AlgoCo
 
 def init_world(cfg: RunConfig, kind: str = "train") -> tuple[RunConfig, World]:
     """Join the process group torchrun set up (gloo on CPU, NCCL on CUDA) when W > 1
-    (``kind``: "train" or "sft", for :func:`check_world`).
+    (``kind``: "train", "sft" or "eval", for :func:`check_world`).
 
     Returns the config with ``nproc`` set to the world size (so config.toml records it and a
     resume with another world size is refused) and, on CUDA, ``device`` = ``cuda:LOCAL_RANK``.

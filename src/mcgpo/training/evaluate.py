@@ -16,12 +16,21 @@ import dataclasses
 import json
 
 import numpy as np
+import torch
 
 from mcgpo.grouping import trajectory_view
 from mcgpo.rollout.collect import collect
 from mcgpo.steps import StepTable
+from mcgpo.training.checkpoint import atomic_write_text
 from mcgpo.training.config import RunConfig
-from mcgpo.training.distributed import SINGLE, World, gather_objects, rank_block, union_tables
+from mcgpo.training.distributed import (
+    SINGLE,
+    World,
+    gather_objects,
+    init_world,
+    rank_block,
+    union_tables,
+)
 from mcgpo.training.metrics import Table
 from mcgpo.training.setup import RunSetup, collect_options, prepare
 
@@ -89,11 +98,20 @@ def evaluate(setup: RunSetup, world: World = SINGLE) -> dict[str, float]:
 
 
 def run_eval(cfg: RunConfig, command: str = "") -> Table:
-    """``mcgpo eval``: evaluate ``cfg.model`` and write ``eval.json`` into ``cfg.out``."""
-    setup = prepare(cfg, command, kind="eval")
-    stats = evaluate(setup)
-    text = json.dumps({"command": command, **stats}, indent=2) + "\n"
-    (setup.folder / "eval.json").write_text(text, encoding="utf-8")
+    """``mcgpo eval``: evaluate ``cfg.model`` and write ``eval.json`` into ``cfg.out``.
+
+    Under torchrun (W > 1 processes, ``--nproc``) each rank plays a block of the held-out
+    tasks (:func:`evaluate`); the result is the single process's, and rank 0 writes it."""
+    cfg, world = init_world(cfg, kind="eval")
+    try:
+        setup = prepare(cfg, command, kind="eval", world=world)
+        stats = evaluate(setup, world)
+        if world.main:
+            text = json.dumps({"command": command, "processes": world.size, **stats}, indent=2)
+            atomic_write_text(setup.folder / "eval.json", text + "\n")
+    finally:
+        if world.size > 1:
+            torch.distributed.destroy_process_group()
     return Table.from_metrics(f"evaluation of {cfg.model} on {cfg.env.name}", {"": stats})
 
 

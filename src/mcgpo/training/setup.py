@@ -30,7 +30,12 @@ import numpy as np
 import torch
 
 from mcgpo.rollout.collect import CollectOptions
-from mcgpo.training.checkpoint import latest_checkpoint, load_checkpoint, restore_rng
+from mcgpo.training.checkpoint import (
+    atomic_write_text,
+    latest_checkpoint,
+    load_checkpoint,
+    restore_rng,
+)
 from mcgpo.training.config import ConfigError, RunConfig
 from mcgpo.training.config_layout import flatten, from_dict, parse_scalar
 from mcgpo.training.distributed import (
@@ -136,7 +141,7 @@ def prepare(cfg: RunConfig, command: str = "", *, kind: str, world: World = SING
     folder = writable_folder(cfg.out)
     barrier(world)  # every rank has checked the folder before rank 0 writes into it
     if kind != "eval" and world.main:
-        (folder / "config.toml").write_text(to_toml(cfg, command), encoding="utf-8")
+        atomic_write_text(folder / "config.toml", to_toml(cfg, command))
     apply_runtime(cfg)
     model, tokenizer = load_model(cfg, make_env=make_env)
     return RunSetup(

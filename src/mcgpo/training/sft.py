@@ -39,6 +39,7 @@ import numpy as np
 import torch
 
 from mcgpo.rollout.tokens import TokenBatch
+from mcgpo.training.checkpoint import atomic_write_text
 from mcgpo.training.config import RunConfig
 from mcgpo.training.distributed import SINGLE, World, all_sum, init_world
 from mcgpo.training.evaluate import evaluate
@@ -194,7 +195,7 @@ def _run_sft(cfg: RunConfig, command: str, world: World) -> Table:
         "before": before,
         "after": after,
     }
-    (folder / "sft.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    atomic_write_text(folder / "sft.json", json.dumps(summary, indent=2) + "\n")
     sinks.close()
     return table
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import given
 from hypothesis import strategies as st
 from ranks import launch, saved_weights
@@ -285,7 +286,7 @@ def test_ranks_deal_every_micro_batch_of_the_single_process_layout_once(
     cfg = TrainConfig(mini_batch_size=size, micro_batch_size=micro)
     layout = plan.plan_layout(batch, cfg, plan.PairBatch.empty(), groups)
     lengths = batch.attention_mask.sum(1).numpy()
-    shares = [plan.deal(layout, batch, World(r, world_size)) for r in range(world_size)]
+    shares = [plan.deal(layout, lengths, World(r, world_size)) for r in range(world_size)]
     for k, micros in enumerate(layout.steps):
         dealt = [rows[m] for share, rows in shares for m in share.steps[k]]
         assert sorted(map(tuple, dealt)) == sorted(map(tuple, micros))  # each exactly once
@@ -305,9 +306,9 @@ def test_ranks_deal_every_micro_batch_of_the_single_process_layout_once(
         )
 
 
-def test_the_whole_batch_shifts_rows_pairs_and_groups_past_earlier_ranks(monkeypatch):
+def test_the_outline_shifts_rows_pairs_and_groups_past_earlier_ranks(monkeypatch):
     """What every rank gathers: rank 0's 3 rows (groups 0, 1) then rank 1's 2 rows (group 0
-    of its own), pairs and groups renumbered as in the single process."""
+    of its own), pairs and groups renumbered as in the single process; no tokens."""
     from mcgpo.rollout import TokenBatch
     from mcgpo.training import layout as plan
 
@@ -319,12 +320,53 @@ def test_the_whole_batch_shifts_rows_pairs_and_groups_past_earlier_ranks(monkeyp
         return batch, np.arange(len(widths), dtype=np.float32), pairs, np.array(groups)
 
     parts = [part([2, 3, 1], [0], [1], [0, 0, 1]), part([4, 1], [1], [0], [0, 0])]
-    monkeypatch.setattr(plan, "gather_objects", lambda obj, world: parts)
-    batch, adv, pairs, groups = plan.whole_batch(*parts[1], World(1, 2))
-    assert len(batch) == 5 and batch.attention_mask.sum(1).tolist() == [3, 4, 2, 5, 2]
-    assert adv.tolist() == [0, 1, 2, 0, 1] and adv.dtype == np.float32
-    assert pairs.plus.tolist() == [0, 4] and pairs.minus.tolist() == [1, 3]
-    assert groups.tolist() == [0, 0, 1, 2, 2]
+    seen = []
+
+    def gather(obj, world):
+        seen.append(obj)  # this rank's contribution: small arrays only
+        return [
+            (b.attention_mask.sum(1).numpy(), b.response_mask.sum(1).numpy(), a, p, g)
+            for b, a, p, g in parts
+        ]
+
+    monkeypatch.setattr(plan, "gather_objects", gather)
+    whole = plan.batch_outline(*parts[1], World(1, 2))
+    assert not any(isinstance(x, TokenBatch) for x in seen[0])
+    assert whole.lengths.tolist() == [3, 4, 2, 5, 2] and whole.responses.tolist() == [1] * 5
+    assert whole.advantages.tolist() == [0, 1, 2, 0, 1] and whole.advantages.dtype == np.float32
+    assert whole.pairs.plus.tolist() == [0, 4] and whole.pairs.minus.tolist() == [1, 3]
+    assert whole.groups.tolist() == [0, 0, 1, 2, 2] and whole.starts.tolist() == [0, 3, 5]
+
+
+def test_fetch_rows_sends_each_rank_only_the_rows_it_runs(monkeypatch):
+    """Rank 1 holds whole-batch rows 3, 4; it runs rows 0, 4 and rank 0 runs 1, 2, 3. It
+    sends row 3 to rank 0, keeps row 4 and receives row 0 from rank 0 (the exchange is
+    faked: rank 0 would send it its row 0)."""
+    from mcgpo.rollout import TokenBatch
+    from mcgpo.training import layout as plan
+
+    def rows(widths):
+        return TokenBatch.from_sequences(
+            [list(range(1, w + 1)) for w in widths], [[9]] * len(widths),
+            [[-0.5]] * len(widths), pad_token_id=0,
+        )  # fmt: skip
+
+    whole = rows([2, 3, 1, 4, 1])
+    sent = []
+
+    def exchange(outgoing, world):
+        sent.append(outgoing)
+        return [whole.select([0]), outgoing[1]]  # from rank 0: row 0; from itself: row 4
+
+    monkeypatch.setattr(plan, "exchange_objects", exchange)
+    mine = whole.select([3, 4])
+    wanted = [np.array([1, 2, 3]), np.array([0, 4])]
+    got = plan.fetch_rows(mine, wanted, np.array([0, 3, 5]), World(1, 2))
+    assert [len(b) for b in sent[0]] == [1, 1]
+    assert sent[0][0].input_ids.tolist() == whole.select([3]).input_ids.tolist()
+    expected = whole.select([0, 4])
+    for name in ("input_ids", "attention_mask", "response_mask", "old_log_probs"):
+        assert torch.equal(getattr(got, name), getattr(expected, name)), name
 
 
 def test_threads_per_process_fit_the_cores_of_the_machine():
@@ -386,3 +428,11 @@ def test_two_nodes_on_localhost_train_as_one_machine(tmp_path, smoke_args):
     launch(smoke_args(one_node, *GREEDY, "--nproc", "2"))
     wa, wb = saved_weights(one_node / "model"), saved_weights(two_nodes / "model")
     assert max(float((wa[k] - wb[k]).abs().max()) for k in wa) == 0.0
+
+
+def test_exchange_objects_on_one_process_and_a_wrong_count():
+    from mcgpo.training.distributed import exchange_objects
+
+    assert exchange_objects(["a"], World()) == ["a"]
+    with pytest.raises(ValueError, match="outgoing has 1 entries for 2 ranks"):
+        exchange_objects(["a"], World(0, 2))

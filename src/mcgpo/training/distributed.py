@@ -50,6 +50,7 @@ __all__ = [
     "copy_full_weights",
     "current_world",
     "distributed_learner",
+    "exchange_objects",
     "follow_learner",
     "full_optimizer_state",
     "gather_objects",
@@ -214,6 +215,23 @@ def gather_objects(obj: Any, world: World) -> list[Any]:
     out: list[Any] = [None] * world.size
     torch.distributed.all_gather_object(out, obj)
     return out
+
+
+def exchange_objects(outgoing: list[Any], world: World) -> list[Any]:
+    """All-to-all of picklable objects: ``outgoing[d]`` goes to rank ``d``; returns what
+    every rank sent to this one, in rank order (W scatters, one from each rank, so each
+    object travels only to the rank it is for; ``outgoing`` itself when W = 1)."""
+    if len(outgoing) != world.size:
+        raise ValueError(f"outgoing has {len(outgoing)} entries for {world.size} ranks")
+    if world.size == 1:
+        return list(outgoing)
+    received: list[Any] = []
+    for source in range(world.size):
+        slot: list[Any] = [None]
+        mine = outgoing if source == world.rank else None
+        torch.distributed.scatter_object_list(slot, mine, src=source)
+        received.append(slot[0])
+    return received
 
 
 def barrier(world: World) -> None:

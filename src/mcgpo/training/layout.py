@@ -5,10 +5,12 @@ items 3, 4 and 7).
 * :func:`plan_mini_batches`: whole task groups packed into mini-batches (one AdamW step each).
 * :func:`plan_layout`: inside each mini-batch, rows by length cut into micro-batches that
   keep pair partners together (:func:`mcgpo.objectives.plan_micro_batches`).
-* :func:`whole_batch`, :func:`deal`, :func:`same_pass_count`: the ranks gather the whole
-  batch, plan the single process's layout of it and deal each step's micro-batches out
-  (:func:`owners`, the LPT rule the warm start's steps use too);
-  :func:`plan_rank_share` puts these together for one rank.
+* :func:`batch_outline`, :func:`deal`, :func:`fetch_rows`, :func:`same_pass_count`: the
+  ranks gather the whole batch's outline (row lengths, advantages, pairs, groups: no
+  tokens), plan the single process's layout of it, deal each step's micro-batches out
+  (:func:`owners`, the LPT rule the warm start's steps use too) and fetch the token rows of
+  their share from the ranks that hold them; :func:`plan_rank_share` puts these together
+  for one rank.
 """
 
 from __future__ import annotations
@@ -18,24 +20,25 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import torch
 
 from mcgpo.objectives import plan_micro_batches
 from mcgpo.rollout.tokens import TokenBatch
 from mcgpo.training.config import TrainConfig
-from mcgpo.training.distributed import World, gather_objects, sharded
+from mcgpo.training.distributed import World, exchange_objects, gather_objects, sharded
 
 __all__ = [
     "Layout",
+    "Outline",
     "PairBatch",
+    "batch_outline",
     "deal",
+    "fetch_rows",
     "owners",
     "pairs_inside",
     "plan_layout",
     "plan_mini_batches",
     "plan_rank_share",
     "same_pass_count",
-    "whole_batch",
 ]
 
 
@@ -111,13 +114,25 @@ def plan_layout(
     batch: TokenBatch, cfg: TrainConfig, pairs: PairBatch, groups: np.ndarray | None
 ) -> Layout:
     """Mini-batches by task group; inside each, rows by length cut into micro-batches."""
-    n = len(batch)
+    lengths = batch.attention_mask.sum(1).cpu().numpy()
+    responses = batch.response_mask.sum(1).cpu().numpy()
+    return layout_of(lengths, responses, cfg, pairs, groups)
+
+
+def layout_of(
+    lengths: np.ndarray,
+    responses: np.ndarray,
+    cfg: TrainConfig,
+    pairs: PairBatch,
+    groups: np.ndarray | None,
+) -> Layout:
+    """:func:`plan_layout` from each row's real-token and response-token counts alone."""
+    n = len(lengths)
     minis = plan_mini_batches(n, cfg.mini_batch_size, groups)
     step_of_row = np.empty(n, dtype=np.int64)
     for k, mini in enumerate(minis):
         step_of_row[mini] = k
     split_mini = int(np.sum(step_of_row[pairs.plus] != step_of_row[pairs.minus]))
-    lengths = batch.attention_mask.sum(1).cpu().numpy()
     steps, split_micro = [], 0
     for mini in minis:
         by_length = mini[np.argsort(lengths[mini], kind="stable")]  # less padding
@@ -135,36 +150,75 @@ def plan_layout(
         (len(rows) * int(lengths[rows].max()) for micros in steps for rows in micros), default=0
     )
     rows = [len(mini) for mini in minis]
-    tokens = [int(batch.response_mask[torch.as_tensor(mini)].sum()) for mini in minis]
+    tokens = [int(responses[mini].sum()) for mini in minis]
     return Layout(steps, rows, tokens, split_mini, split_micro, widest)
 
 
-def whole_batch(
+@dataclass(frozen=True)
+class Outline:
+    """The whole batch as every rank sees it when planning the update: everything the
+    layout needs, no tokens. Rows and groups are numbered as in the single process (the
+    ranks hold contiguous blocks of whole groups, laid end to end in rank order)."""
+
+    lengths: np.ndarray  # [n] int64 real tokens of each row
+    responses: np.ndarray  # [n] int64 response tokens of each row
+    advantages: np.ndarray  # [n]
+    pairs: PairBatch  # in whole-batch row ids
+    groups: np.ndarray  # [n] int64 whole-batch group ids
+    starts: np.ndarray  # [W + 1] int64: rank r holds rows starts[r] .. starts[r + 1] - 1
+
+
+def batch_outline(
     batch: TokenBatch,
     advantages: np.ndarray,
     pairs: PairBatch,
     groups: np.ndarray | None,
     world: World,
-) -> tuple[TokenBatch, np.ndarray, PairBatch, np.ndarray]:
-    """Every rank's rows laid end to end in rank order (the single process's batch: the
-    ranks hold contiguous blocks of whole groups), with row and group ids shifted past the
-    earlier ranks'. One gather of the (CPU) token batch per update."""
+) -> Outline:
+    """Every rank's rows laid end to end in rank order, with row and group ids shifted past
+    the earlier ranks'. One gather of small arrays per update (a few numbers per row); the
+    token rows stay where they are until :func:`fetch_rows` moves the ones another rank
+    runs."""
     if groups is None:
         groups = np.arange(len(batch))
-    mine = (batch.to("cpu"), np.asarray(advantages), pairs, np.asarray(groups).reshape(-1))
-    parts = gather_objects(mine, world)
-    rows = np.cumsum([0] + [len(p[0]) for p in parts])
-    group_ids = np.cumsum([0] + [int(p[3].max()) + 1 if len(p[3]) else 0 for p in parts])
-    return (
-        TokenBatch.concatenate([p[0] for p in parts]),
-        np.concatenate([p[1] for p in parts]).astype(advantages.dtype, copy=False),
-        PairBatch(
-            np.concatenate([p[2].plus + r for p, r in zip(parts, rows)]).astype(np.int64),
-            np.concatenate([p[2].minus + r for p, r in zip(parts, rows)]).astype(np.int64),
-            np.concatenate([p[2].weight for p in parts]),
-        ),
-        np.concatenate([p[3] + g for p, g in zip(parts, group_ids)]),
+    mine = (
+        batch.attention_mask.sum(1).cpu().numpy().astype(np.int64),
+        batch.response_mask.sum(1).cpu().numpy().astype(np.int64),
+        np.asarray(advantages),
+        pairs,
+        np.asarray(groups).reshape(-1),
     )
+    parts = gather_objects(mine, world)
+    starts = np.cumsum([0] + [len(p[0]) for p in parts]).astype(np.int64)
+    group_ids = np.cumsum([0] + [int(p[4].max()) + 1 if len(p[4]) else 0 for p in parts])
+    return Outline(
+        lengths=np.concatenate([p[0] for p in parts]),
+        responses=np.concatenate([p[1] for p in parts]),
+        advantages=np.concatenate([p[2] for p in parts]).astype(advantages.dtype, copy=False),
+        pairs=PairBatch(
+            np.concatenate([p[3].plus + r for p, r in zip(parts, starts)]).astype(np.int64),
+            np.concatenate([p[3].minus + r for p, r in zip(parts, starts)]).astype(np.int64),
+            np.concatenate([p[3].weight for p in parts]),
+        ),
+        groups=np.concatenate([p[4] + g for p, g in zip(parts, group_ids)]),
+        starts=starts,
+    )
+
+
+def fetch_rows(
+    batch: TokenBatch, wanted: list[np.ndarray], starts: np.ndarray, world: World
+) -> TokenBatch:
+    """The token rows this rank runs, from the ranks that hold them.
+
+    ``batch``: this rank's own rows (whole-batch ids ``starts[rank] ..``); ``wanted[r]``:
+    the sorted whole-batch row ids rank r runs (every rank computes every rank's share).
+    Each rank sends every other rank only the rows it wants (:func:`exchange_objects`), so
+    a rank receives its share of the batch, not the whole batch. Returns the rows of
+    ``wanted[world.rank]`` in that order (the blocks are in rank order)."""
+    lo, hi = int(starts[world.rank]), int(starts[world.rank + 1])
+    cpu = batch.to("cpu")
+    outgoing = [cpu.select(w[(w >= lo) & (w < hi)] - lo) for w in wanted]
+    return TokenBatch.concatenate(exchange_objects(outgoing, world))
 
 
 def owners(costs: list[int] | np.ndarray, ranks: int) -> np.ndarray:
@@ -178,23 +232,23 @@ def owners(costs: list[int] | np.ndarray, ranks: int) -> np.ndarray:
     return owner
 
 
-def deal(layout: Layout, batch: TokenBatch, world: World) -> tuple[Layout, np.ndarray]:
-    """This rank's micro-batches of every step of the whole batch's layout, and its rows.
+def deal(layout: Layout, lengths: np.ndarray, world: World) -> tuple[Layout, np.ndarray]:
+    """This rank's micro-batches of every step of the whole batch's layout, and its rows
+    (``lengths``: real tokens of each row of the whole batch).
 
     In each step the micro-batches go, largest first (rows x padded length), to the rank
     with the least work so far in that step (ties: the lower rank), and keep their order;
     every rank computes the same assignment. Returns the layout with this rank's
-    micro-batches as positions in its rows (``batch.select(rows)``), the normalisers of the
+    micro-batches as positions in its rows (the whole batch's ``select(rows)``), the normalisers of the
     whole steps unchanged, the layout-wide pair counts on rank 0 only (the metrics merge
     sums them over the ranks), and the rows in batch order.
     """
-    lengths = batch.attention_mask.sum(1).cpu().numpy()
     steps: list[list[np.ndarray]] = []
     for micros in layout.steps:
         owner = owners([len(rows) * int(lengths[rows].max()) for rows in micros], world.size)
         steps.append([rows for rows, r in zip(micros, owner) if r == world.rank])
     rows = np.sort(np.concatenate([r for micros in steps for r in micros] or [np.zeros(0, int)]))
-    where = np.full(len(batch), -1, dtype=np.int64)
+    where = np.full(len(lengths), -1, dtype=np.int64)
     where[rows] = np.arange(len(rows))
     local = [[where[r] for r in micros] for micros in steps]
     first = world.rank == 0
@@ -229,16 +283,21 @@ def plan_rank_share(
     """The single process's layout of the whole batch and this rank's part of it: its rows,
     advantages and pairs (renumbered), the layout of its micro-batches, and the pairs it
     reports as given (all on rank 0, none elsewhere). None for an empty batch."""
-    if world.size > 1:  # every rank plans the single process's layout of the whole batch
-        batch, advantages, pairs, groups = whole_batch(batch, advantages, pairs, groups, world)
-    if len(batch) == 0:
+    if world.size == 1:
+        if len(batch) == 0:
+            return None
+        return batch, advantages, pairs, plan_layout(batch, cfg, pairs, groups), len(pairs.plus)
+    # every rank plans the single process's layout of the whole batch from its outline ...
+    whole = batch_outline(batch, advantages, pairs, groups, world)
+    if len(whole.lengths) == 0:
         return None
-    layout = plan_layout(batch, cfg, pairs, groups)
-    given = len(pairs.plus)
-    if world.size > 1:  # ... and runs its share of the micro-batches of every step
-        layout, mine = deal(layout, batch, world)
-        batch, advantages, pairs = batch.select(mine), advantages[mine], pairs_inside(mine, pairs)
-        given = given if world.main else 0
-        if sharded(model):
-            layout = same_pass_count(layout, world)
+    layout = layout_of(whole.lengths, whole.responses, cfg, whole.pairs, whole.groups)
+    given = len(whole.pairs.plus) if world.main else 0
+    # ... and runs its share of the micro-batches of every step, fetching their rows
+    shares = [deal(layout, whole.lengths, World(r, world.size)) for r in range(world.size)]
+    layout, mine = shares[world.rank]
+    batch = fetch_rows(batch, [rows for _, rows in shares], whole.starts, world)
+    advantages, pairs = whole.advantages[mine], pairs_inside(mine, whole.pairs)
+    if sharded(model):
+        layout = same_pass_count(layout, world)
     return batch, advantages, pairs, layout, given

@@ -129,8 +129,10 @@ def update_policy(
     ``ref_model`` is the frozen reference for the KL term (needed when ``cfg.kl_coef > 0``).
     ``world`` (W > 1): ``model`` is DDP-wrapped (or FSDP2-sharded) and ``batch`` is this
     rank's block of whole groups (``pairs`` and ``groups`` in its own numbering). The ranks
-    gather the whole batch (:func:`mcgpo.training.layout.whole_batch`), each plans the single process's layout
-    of it and runs its share of every step's micro-batches (:func:`mcgpo.training.layout.deal`); the normalisers
+    gather the whole batch's outline (:func:`mcgpo.training.layout.batch_outline`), each
+    plans the single process's layout of it and runs its share of every step's micro-batches
+    (:func:`mcgpo.training.layout.deal`; :func:`~mcgpo.training.layout.fetch_rows` brings
+    their token rows from the ranks that hold them); the normalisers
     are the whole steps' row and token counts, and each rank's loss is scaled by W because
     DDP and FSDP2 average the gradients: the summed gradient is the single-process one, from
     the same micro-batches (FSDP2: :func:`mcgpo.training.layout.same_pass_count` too).

@@ -438,7 +438,9 @@ def main(argv: list[str] | None = None) -> int:
     if os.environ.get("OUT"):
         from mcgpo.training.checkpoint import atomic_write_text
 
-        atomic_write_text(Path(os.environ["OUT"]) / "gpu_check.md", text)
+        folder = Path(os.environ["OUT"])
+        folder.mkdir(parents=True, exist_ok=True)  # the device machine's $OUT exists; a
+        atomic_write_text(folder / "gpu_check.md", text)  # local OUT=... may not yet
     return 0
 
 

@@ -122,14 +122,6 @@ def test_two_processes_evaluate_as_one(tmp_path, micro_model):
     assert sorted(p.name for p in two.iterdir()) == ["eval.json"]  # no config.toml, no tmp
 
 
-def test_eval_bad_nproc_is_one_line_exit_2(tmp_path, micro_model, capsys):
-    argv = ["eval", "--preset", "household-smoke", "--model", str(micro_model), "--out",
-            str(tmp_path / "e"), "--nproc", "0"]  # fmt: skip
-    assert main(argv) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0 and "nproc must be >= 1, got 0" in err
-
-
 def _rows(folder: Path, update: int, ranks: int):
     import pandas as pd
 

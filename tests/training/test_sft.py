@@ -222,10 +222,11 @@ def test_sft_world_checks_ignore_the_rollout_groups():
         check_world(cfg, 3, "train")
 
 
-def test_sft_bad_nproc_is_one_line_exit_2(tmp_path, micro_model, capsys):
+@pytest.mark.parametrize("command", ["sft", "eval"])
+def test_bad_nproc_is_one_line_exit_2(tmp_path, micro_model, capsys, command):
     from mcgpo.cli import main
 
-    argv = ["sft", "--preset", "household-smoke", "--model", str(micro_model), "--out",
+    argv = [command, "--preset", "household-smoke", "--model", str(micro_model), "--out",
             str(tmp_path / "run"), "--nproc", "0"]  # fmt: skip
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()

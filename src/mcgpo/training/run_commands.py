@@ -23,21 +23,24 @@ class RunCommand(NamedTuple):
     summary: str  # the command's one-line description in --help
 
 
+# The top-level fields of the commands that run a policy without training it (sft, eval):
+# the model, where to write, the preset, the machine and the processes.
+_POLICY_RUN = (
+    "model",
+    "corpus_episodes",
+    "out",
+    "preset",
+    "device",
+    "seed",
+    "threads",
+    "progress",
+    "nproc",
+    "backend",
+)
+
 COMMANDS: dict[str, RunCommand] = {
     "sft": RunCommand(
-        (
-            "model",
-            "corpus_episodes",
-            "out",
-            "preset",
-            "device",
-            "seed",
-            "threads",
-            "deterministic",
-            "progress",
-            "nproc",
-            "backend",
-        ),
+        (*_POLICY_RUN, "deterministic"),
         ("env", "rollout", "sft", "eval"),
         "warm start: fine-tune the policy on the environment's expert demonstrations",
     ),
@@ -47,18 +50,7 @@ COMMANDS: dict[str, RunCommand] = {
         "reinforcement learning: collect, advantages, update, log, evaluate, checkpoint",
     ),
     "eval": RunCommand(
-        (
-            "model",
-            "corpus_episodes",
-            "out",
-            "preset",
-            "device",
-            "seed",
-            "threads",
-            "progress",
-            "nproc",
-            "backend",
-        ),
+        _POLICY_RUN,
         ("env", "rollout", "eval"),
         "evaluate a policy on held-out tasks (success per task type, score)",
     ),

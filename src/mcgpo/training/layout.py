@@ -33,6 +33,7 @@ __all__ = [
     "batch_outline",
     "deal",
     "fetch_rows",
+    "layout_of",
     "owners",
     "pairs_inside",
     "plan_layout",

@@ -11,12 +11,14 @@ from pathlib import Path
 import torch
 
 
-def launch(args: list[str]) -> None:
-    """``python -m mcgpo ARGS`` in a subprocess on this checkout's ``src``; it must exit 0."""
+def launch(args: list[str], timeout: float = 600) -> None:
+    """``python -m mcgpo ARGS`` in a subprocess on this checkout's ``src``; it must exit 0
+    within ``timeout`` seconds (a rank stuck in a collective fails the test, not CI)."""
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2] / "src")}
     done = subprocess.run(
-        [sys.executable, "-m", "mcgpo", *args], env=env, capture_output=True, text=True
-    )
+        [sys.executable, "-m", "mcgpo", *args], env=env, capture_output=True, text=True,
+        timeout=timeout,
+    )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
 
 

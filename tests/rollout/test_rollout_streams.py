@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from rollout_fakes import CounterEnv
 
 from mcgpo.rollout import CollectOptions, collect
-from mcgpo.rollout.collect import sampling_generators
+from mcgpo.rollout.group_rollout import sampling_generators
 
 N = 3
 OPTIONS = {"split": "train", "temperature": 1.0, "history": 2, "max_new_tokens": 6, "seed": 11}

@@ -1,7 +1,7 @@
 """Training across processes (gloo on CPU): the batch split, the merge, and 2 ranks vs 1.
 
 Sampling does not depend on the rank: every environment draws from its own generator,
-seeded from (seed, update, global group index, slot) (:mod:`mcgpo.rollout.collect`), so 2
+seeded from (seed, update, global group index, slot) (:mod:`mcgpo.rollout.group_rollout`), so 2
 ranks and 1 process sample the same rollouts at the preset's temperature 1 (tested below).
 The other runs sample at temperature 0.001 (every draw is the arg-max, a function of the
 policy only), which keeps them independent of that rule.

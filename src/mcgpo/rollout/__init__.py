@@ -3,8 +3,8 @@
 See docs/rollout.md for the prompt format, the loss masks and the log-prob conventions.
 """
 
-from mcgpo.rollout.collect import DEFAULT_MAX_NEW_TOKENS, CollectOptions, Rollout, collect
 from mcgpo.rollout.corpus import environment_corpus
+from mcgpo.rollout.group_rollout import DEFAULT_MAX_NEW_TOKENS, CollectOptions, Rollout, collect
 from mcgpo.rollout.parsing import contains_cjk, parse_action
 from mcgpo.rollout.prompts import (
     RESPONSE_FORMATS,

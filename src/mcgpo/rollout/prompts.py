@@ -35,7 +35,7 @@ Departures from verl-agent: one intro line for all environments (the environment
 not known to the rollout layer); admissible actions are shown quoted (``'go to fridge 1'``)
 so that actions containing commas stay readable; the WebShop rule "fall back to the
 no-history template above 13,000 characters" becomes a token budget applied by
-:func:`mcgpo.rollout.collect.collect` (``max_prompt_tokens``) for every environment.
+:func:`mcgpo.rollout.group_rollout.collect` (``max_prompt_tokens``) for every environment.
 """
 
 from __future__ import annotations

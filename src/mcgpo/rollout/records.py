@@ -1,6 +1,6 @@
 """What one collection accumulates and returns: trajectories, counters, the Rollout.
 
-:func:`mcgpo.rollout.collect.collect` plays the turns; this module holds the per-trajectory
+:func:`mcgpo.rollout.group_rollout.collect` plays the turns; this module holds the per-trajectory
 record of each turn (:func:`record_turn`, the StepTable row fields), and puts the rows,
 tokens and stats of a finished collection together (:func:`assemble`).
 """

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from mcgpo.grouping import trajectory_view
-from mcgpo.rollout.collect import collect
+from mcgpo.rollout.group_rollout import collect
 from mcgpo.steps import StepTable
 from mcgpo.training.checkpoint import atomic_write_text
 from mcgpo.training.config import RunConfig

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from mcgpo.rollout.collect import CollectOptions
+from mcgpo.rollout.group_rollout import CollectOptions
 from mcgpo.training.checkpoint import (
     atomic_write_text,
     latest_checkpoint,

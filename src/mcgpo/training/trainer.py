@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from mcgpo.policy.precision import compute
-from mcgpo.rollout.collect import Rollout, collect
+from mcgpo.rollout.group_rollout import Rollout, collect
 from mcgpo.training.algorithms import Credit, assign_credit
 from mcgpo.training.checkpoint import save_checkpoint
 from mcgpo.training.config import RunConfig

@@ -20,7 +20,7 @@ import torch
 from ranks import launch, saved_weights
 
 from mcgpo.cli import main
-from mcgpo.training.distributed import SINGLE, World, distributed_learner
+from mcgpo.training.distributed import SINGLE, distributed_learner
 
 GREEDY = ("--rollout.temperature", "0.001", "--eval.temperature", "0.001", "--tensorboard", "false")
 FSDP2 = ("--nproc", "2", "--train.sharding", "fsdp2")
@@ -69,7 +69,7 @@ def test_one_process_learner_is_the_model_itself() -> None:
     assert distributed_learner(model, "ddp", SINGLE) is model
 
 
-def test_fsdp2_ranks_make_equally_many_passes_per_step(monkeypatch) -> None:
+def test_fsdp2_ranks_make_equally_many_passes_per_step() -> None:
     """Rank 0 has micro-batches (2, 0, 1) in three steps, rank 1 (1, 3, 0): each rank pads
     every step to the larger count with empty row sets (zero-loss passes)."""
     from mcgpo.training import layout as plan
@@ -79,9 +79,9 @@ def test_fsdp2_ranks_make_equally_many_passes_per_step(monkeypatch) -> None:
         return plan.Layout(steps, [4, 6, 2], [10, 12, 3], 0, 0, 8)
 
     mine = [[2, 0, 1], [1, 3, 0]]
-    monkeypatch.setattr(plan, "gather_objects", lambda obj, world: mine)
+    shares = [layout(counts) for counts in mine]
     for rank in (0, 1):
-        padded = plan.same_pass_count(layout(mine[rank]), World(rank, 2))
+        padded = plan.same_pass_count(shares[rank], shares)
         assert [len(s) for s in padded.steps] == [2, 3, 1]
         real = [sum(len(rows) > 0 for rows in s) for s in padded.steps]
         assert real == mine[rank]  # the rank's own micro-batches first, unchanged

@@ -32,6 +32,7 @@ import contextlib
 import copy
 import dataclasses
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,6 +57,7 @@ __all__ = [
     "gather_objects",
     "gradient_sync",
     "init_world",
+    "joined_world",
     "launch_local",
     "launched_world_size",
     "load_optimizer_state",
@@ -160,6 +162,18 @@ def init_world(cfg: RunConfig, kind: str = "train") -> tuple[RunConfig, World]:
         dist.init_process_group(backend)
     cfg = dataclasses.replace(cfg, nproc=size, device=device)
     return cfg, current_world()
+
+
+@contextlib.contextmanager
+def joined_world(cfg: RunConfig, kind: str = "train") -> Iterator[tuple[RunConfig, World]]:
+    """:func:`init_world` for the length of a command; the process group (W > 1) is
+    destroyed at its end, also when the command fails."""
+    cfg, world = init_world(cfg, kind)
+    try:
+        yield cfg, world
+    finally:
+        if world.size > 1:
+            torch.distributed.destroy_process_group()
 
 
 def launch_local(nproc: int, argv: list[str]) -> int:

@@ -16,7 +16,6 @@ import dataclasses
 import json
 
 import numpy as np
-import torch
 
 from mcgpo.grouping import trajectory_view
 from mcgpo.rollout.group_rollout import collect
@@ -27,7 +26,7 @@ from mcgpo.training.distributed import (
     SINGLE,
     World,
     gather_objects,
-    init_world,
+    joined_world,
     rank_block,
     union_tables,
 )
@@ -102,16 +101,12 @@ def run_eval(cfg: RunConfig, command: str = "") -> Table:
 
     Under torchrun (W > 1 processes, ``--nproc``) each rank plays a block of the held-out
     tasks (:func:`evaluate`); the result is the single process's, and rank 0 writes it."""
-    cfg, world = init_world(cfg, kind="eval")
-    try:
+    with joined_world(cfg, kind="eval") as (cfg, world):
         setup = prepare(cfg, command, kind="eval", world=world)
         stats = evaluate(setup, world)
         if world.main:
             text = json.dumps({"command": command, "processes": world.size, **stats}, indent=2)
             atomic_write_text(setup.folder / "eval.json", text + "\n")
-    finally:
-        if world.size > 1:
-            torch.distributed.destroy_process_group()
     return Table.from_metrics(f"evaluation of {cfg.model} on {cfg.env.name}", {"": stats})
 
 

@@ -233,40 +233,49 @@ def owners(costs: list[int] | np.ndarray, ranks: int) -> np.ndarray:
     return owner
 
 
-def deal(layout: Layout, lengths: np.ndarray, world: World) -> tuple[Layout, np.ndarray]:
-    """This rank's micro-batches of every step of the whole batch's layout, and its rows
-    (``lengths``: real tokens of each row of the whole batch).
+def deal(layout: Layout, lengths: np.ndarray, ranks: int) -> list[tuple[Layout, np.ndarray]]:
+    """Every rank's micro-batches of every step of the whole batch's layout, and its rows
+    (``lengths``: real tokens of each row of the whole batch); entry r is rank r's.
 
     In each step the micro-batches go, largest first (rows x padded length), to the rank
     with the least work so far in that step (ties: the lower rank), and keep their order;
-    every rank computes the same assignment. Returns the layout with this rank's
-    micro-batches as positions in its rows (the whole batch's ``select(rows)``), the normalisers of the
-    whole steps unchanged, the layout-wide pair counts on rank 0 only (the metrics merge
-    sums them over the ranks), and the rows in batch order.
+    every rank computes the same assignment, once for all ranks. Each entry is the layout
+    with that rank's micro-batches as positions in its rows (the whole batch's
+    ``select(rows)``), the normalisers of the whole steps unchanged, the layout-wide pair
+    counts on rank 0 only (the metrics merge sums them over the ranks), and the rows in
+    batch order.
     """
-    steps: list[list[np.ndarray]] = []
-    for micros in layout.steps:
-        owner = owners([len(rows) * int(lengths[rows].max()) for rows in micros], world.size)
-        steps.append([rows for rows, r in zip(micros, owner) if r == world.rank])
-    rows = np.sort(np.concatenate([r for micros in steps for r in micros] or [np.zeros(0, int)]))
-    where = np.full(len(lengths), -1, dtype=np.int64)
-    where[rows] = np.arange(len(rows))
-    local = [[where[r] for r in micros] for micros in steps]
-    first = world.rank == 0
-    layout = dataclasses.replace(
-        layout,
-        steps=local,
-        split_mini=layout.split_mini if first else 0,
-        split_micro=layout.split_micro if first else 0,
-    )
-    return layout, rows.astype(np.int64)
+    owner = [
+        owners([len(rows) * int(lengths[rows].max()) for rows in micros], ranks)
+        for micros in layout.steps
+    ]
+    shares = []
+    for rank in range(ranks):
+        steps = [
+            [rows for rows, r in zip(micros, who) if r == rank]
+            for micros, who in zip(layout.steps, owner)
+        ]
+        rows = np.sort(np.concatenate([r for micros in steps for r in micros] or [np.zeros(0)]))
+        rows = rows.astype(np.int64)
+        where = np.full(len(lengths), -1, dtype=np.int64)
+        where[rows] = np.arange(len(rows))
+        first = rank == 0
+        local = dataclasses.replace(
+            layout,
+            steps=[[where[r] for r in micros] for micros in steps],
+            split_mini=layout.split_mini if first else 0,
+            split_micro=layout.split_micro if first else 0,
+        )
+        shares.append((local, rows))
+    return shares
 
 
-def same_pass_count(layout: Layout, world: World) -> Layout:
+def same_pass_count(layout: Layout, shares: list[Layout]) -> Layout:
     """FSDP2: every forward and backward all-gathers parameters (a collective), so each
-    rank makes as many passes in a step as the rank with the most micro-batches in it;
-    the extra passes are empty row sets (a zero-loss pass, see :func:`~mcgpo.training.distributed.zero_backward`)."""
-    most = np.max(gather_objects([len(micros) for micros in layout.steps], world), axis=0)
+    rank makes as many passes in a step as the rank with the most micro-batches in it
+    (``shares``: every rank's layout, from :func:`deal`); the extra passes are empty row
+    sets (a zero-loss pass, see :func:`~mcgpo.training.distributed.zero_backward`)."""
+    most = np.max([[len(micros) for micros in share.steps] for share in shares], axis=0)
     empty = np.zeros(0, dtype=np.int64)
     steps = [micros + [empty] * (int(m) - len(micros)) for micros, m in zip(layout.steps, most)]
     return dataclasses.replace(layout, steps=steps)
@@ -295,10 +304,10 @@ def plan_rank_share(
     layout = layout_of(whole.lengths, whole.responses, cfg, whole.pairs, whole.groups)
     given = len(whole.pairs.plus) if world.main else 0
     # ... and runs its share of the micro-batches of every step, fetching their rows
-    shares = [deal(layout, whole.lengths, World(r, world.size)) for r in range(world.size)]
+    shares = deal(layout, whole.lengths, world.size)
     layout, mine = shares[world.rank]
     batch = fetch_rows(batch, [rows for _, rows in shares], whole.starts, world)
     advantages, pairs = whole.advantages[mine], pairs_inside(mine, whole.pairs)
     if sharded(model):
-        layout = same_pass_count(layout, world)
+        layout = same_pass_count(layout, [share for share, _ in shares])
     return batch, advantages, pairs, layout, given

@@ -41,7 +41,7 @@ import torch
 from mcgpo.rollout.tokens import TokenBatch
 from mcgpo.training.checkpoint import atomic_write_text
 from mcgpo.training.config import RunConfig
-from mcgpo.training.distributed import SINGLE, World, all_sum, init_world
+from mcgpo.training.distributed import SINGLE, World, all_sum, joined_world
 from mcgpo.training.evaluate import evaluate
 from mcgpo.training.layout import owners
 from mcgpo.training.metrics import MetricSinks, ProgressBar, SilentSinks, Table
@@ -150,12 +150,8 @@ def run_sft(cfg: RunConfig, command: str = "") -> Table:
     """``mcgpo sft``: warm-start ``cfg.model`` on expert demonstrations into ``<out>/model``.
 
     Under torchrun (W > 1 processes) the steps are data-parallel (module docstring)."""
-    cfg, world = init_world(cfg, kind="sft")
-    try:
+    with joined_world(cfg, kind="sft") as (cfg, world):
         return _run_sft(cfg, command, world)
-    finally:
-        if world.size > 1:
-            torch.distributed.destroy_process_group()
 
 
 def _run_sft(cfg: RunConfig, command: str, world: World) -> Table:

@@ -25,7 +25,6 @@ import time
 from typing import Any
 
 import numpy as np
-import torch
 
 from mcgpo.policy.precision import compute
 from mcgpo.rollout.group_rollout import Rollout, collect
@@ -36,7 +35,7 @@ from mcgpo.training.distributed import (
     barrier,
     full_optimizer_state,
     gather_objects,
-    init_world,
+    joined_world,
     merge_metrics,
     rank_block,
     whole_batch_algo,
@@ -55,12 +54,8 @@ def train(cfg: RunConfig, command: str = "") -> Table:
     Under torchrun (W > 1 processes) each rank plays its block of whole groups and the
     update is DDP (:mod:`mcgpo.training.distributed`); rank 0 writes every file.
     """
-    cfg, world = init_world(cfg)
-    try:
+    with joined_world(cfg) as (cfg, world):
         return _train(setup_run(cfg, command, world))
-    finally:
-        if world.size > 1:
-            torch.distributed.destroy_process_group()
 
 
 def _train(run: Run) -> Table:

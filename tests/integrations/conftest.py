@@ -48,7 +48,9 @@ def verl_config(algo: str = "mcgpo", **algo_options: Any) -> Any:
 
     return OmegaConf.create(
         {
-            "actor_rollout_ref": {"rollout": {"n": N, "prompt_length": 512, "response_length": 8}},
+            "actor_rollout_ref": {
+                "rollout": {"name": "vllm", "n": N, "prompt_length": 512, "response_length": 8}
+            },
             "data": {},
             "mcgpo": {
                 "env": {"name": "household", "max_turns": MAX_TURNS},

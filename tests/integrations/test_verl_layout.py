@@ -195,9 +195,12 @@ def test_lay_out_batch_same_order_for_every_algorithm():
     from mcgpo.integrations.verl.trainer import lay_out_batch, split_pairs
     from mcgpo.training.algorithms import assign_credit
 
-    table = synthetic_table(8, 8, 6, n_states=5, n_actions=2, full_length=True, seed=3)
+    table = synthetic_table(8, 8, 6, n_states=5, n_actions=2, full_length=True, seed=1)
+    n = len(table)  # 8 x 8 x 6 = 384 rows = 3 mini-batches of 128; 21 MCGPO pairs
+    # rows scattered as verl's length balancing scatters them (groups no longer contiguous)
+    shuffle = np.random.default_rng(1).permutation(n)
+    table = table.select(shuffle)
     records = table.to_records()
-    n = len(records)  # 8 x 8 x 6 = 384 rows = 3 mini-batches of 128
     padding = [False] * n
     work = np.random.default_rng(0).integers(500, 3000, size=n).astype(float)
 
@@ -213,7 +216,7 @@ def test_lay_out_batch_same_order_for_every_algorithm():
                              mini_batch_rows=128), cfg  # fmt: skip
 
     (order, result, stats), cfg = run("mcgpo", lambda_pair=1.0)
-    assert stats.pairs > 20 and stats.split_after == 0
+    assert stats.pairs == 21 and stats.split_before > 10 and stats.split_after == 0
     assert split_pairs(result.partner, 4) == 0
     assert check_layout(np.arange(n), result.partner, 4, 32) == stats.pairs
     expected = assign_credit(table, cfg.algo).advantages
@@ -224,3 +227,43 @@ def test_lay_out_batch_same_order_for_every_algorithm():
         np.testing.assert_array_equal(res.advantages, result.advantages)  # MCGPO = GraphGPO's
         loss_pairs = int(np.sum(res.sign > 0))
         assert loss_pairs == (0 if algo == "graphgpo" else stats.pairs)
+
+
+@pytest.mark.verl
+def test_credit_metrics_report_layout_and_environment_failures():
+    """mcgpo/* metrics of one laid-out batch: pairs, splits, padding, and the agent loop's
+    failure counts summed over non-padding rows (a padding row copies a real row's fields)."""
+    pytest.importorskip("verl")
+    from omegaconf import OmegaConf
+
+    from mcgpo.bench.synthetic import synthetic_table
+    from mcgpo.integrations.verl.batch import failure_counts
+    from mcgpo.integrations.verl.config import plugin_config
+    from mcgpo.integrations.verl.trainer import credit_metrics, lay_out_batch
+
+    table = synthetic_table(4, 8, 4, n_states=3, n_actions=2, full_length=True, seed=2)
+    records = [dict(r, env_timeouts=0, env_crashes=0, env_errors=0) for r in table.to_records()]
+    records[5]["env_timeouts"], records[9]["env_crashes"], records[11]["env_errors"] = 1, 2, 1
+    records.append(dict(records[5]))  # verl's padding copies a row: its counts are not added
+    padding = [False] * len(table) + [True]
+    assert failure_counts(records, padding) == {
+        "env_timeouts": 1,
+        "env_crashes": 2,
+        "env_errors": 1,
+    }
+    assert failure_counts(records) == {"env_timeouts": 2, "env_crashes": 2, "env_errors": 1}
+    config = OmegaConf.create(
+        {"actor_rollout_ref": {"rollout": {"n": 8}},
+         "mcgpo": {"env": {"name": "household"}, "algo": {"name": "mcgpo"}}}
+    )  # fmt: skip
+    work = np.ones(len(records) - 1)
+    _order, result, stats = lay_out_batch(
+        records[:-1], padding[:-1], work, plugin_config(config), group_size=8, dp_size=2,
+        mini_batch_rows=32,
+    )  # fmt: skip
+    metrics = credit_metrics(result, stats, 2, failure_counts(records, padding))
+    assert metrics["mcgpo/pairs"] == stats.pairs > 0
+    assert metrics["mcgpo/pairs_split_dp"] == metrics["mcgpo/layout_split_after"] == 0
+    assert metrics["mcgpo/padding_rows"] == 0
+    assert (metrics["mcgpo/env_timeouts"], metrics["mcgpo/env_crashes"]) == (1.0, 2.0)
+    assert metrics["mcgpo/env_errors"] == 1.0

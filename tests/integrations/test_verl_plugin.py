@@ -127,17 +127,6 @@ def test_advantage_step_equals_mcgpo_estimate(episodes, algo):
         np.testing.assert_array_equal(result.partner[prefs.plus], prefs.minus)
 
 
-def test_partner_order_keeps_pairs_side_by_side():
-    from mcgpo.integrations.verl.batch import partner_order
-
-    # rows 0..7 in 2 chunks of 4; pairs (1, 3) in chunk 0, (4, 7) in chunk 1, (2, 5) across
-    partner = np.array([-1, 3, 5, 1, 7, 2, -1, 4])
-    order, split = partner_order(partner, 2)
-    assert order == [1, 3, 0, 2, 4, 7, 5, 6] and split == 1
-    with pytest.raises(ValueError, match="do not split into 3 equal chunks"):
-        partner_order(partner, 3)
-
-
 def _micro_batch(outs, seed=0):
     """A micro-batch TensorDict as verl's actor hands it to the loss, and its log-probs."""
     from verl.utils import tensordict_utils as tu

@@ -19,7 +19,9 @@ What goes back per row (tensors of shape ``[B]`` unless nested):
 ``mcgpo_weight``      float32, the pair's weight c (0 if unpaired)
 
 A row belongs to one pair at most (:func:`mcgpo.build_preferences` guarantees it), so the
-pairs travel with the rows through every reorder and split verl makes.
+pairs travel with the rows through every reorder and split verl makes; which rows verl puts
+on which rank and mini-batch is :mod:`mcgpo.integrations.verl.layout`'s job, on the pairs of
+:func:`layout_partner`.
 """
 
 from __future__ import annotations
@@ -30,19 +32,27 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
+from mcgpo.preferences import build_preferences
 from mcgpo.steps import FIELDS, StepTable
-from mcgpo.training.algorithms import Credit, assign_credit
+from mcgpo.training.algorithms import ALGORITHMS, Credit, assign_credit
 from mcgpo.training.config import AlgoConfig
 
 __all__ = [
+    "FAILURE_COUNTS",
     "STEP_FIELDS",
     "BatchCredit",
     "batch_credit",
-    "partner_order",
+    "credit_fields",
+    "failure_counts",
+    "layout_partner",
     "step_table",
+    "take",
 ]
 
 STEP_FIELDS = tuple(name for name in FIELDS if name not in ("group_label", "traj_label"))
+# the agent loop's per-trajectory failure counts (agent_loop.FAILURE_FIELDS), nonzero only on
+# a trajectory's last output, so their sums over a batch's rows are its failure counts
+FAILURE_COUNTS = ("env_timeouts", "env_crashes", "env_errors")
 
 
 def _extra_fields(batch: Any) -> list[Mapping[str, Any]]:
@@ -53,6 +63,16 @@ def _extra_fields(batch: Any) -> list[Mapping[str, Any]]:
     if non_tensor is not None:  # DataProto
         return list(non_tensor["extra_fields"])
     return list(batch["extra_fields"])  # TensorDict: a NonTensorStack of dicts
+
+
+def failure_counts(batch: Any, padding: Sequence[bool] | None = None) -> dict[str, int]:
+    """Environment timeouts, crashes and errors over a batch's non-padding rows."""
+    fields = _extra_fields(batch)
+    pad = [False] * len(fields) if padding is None else list(padding)
+    return {
+        name: sum(int(f.get(name, 0) or 0) for f, p in zip(fields, pad, strict=True) if not p)
+        for name in FAILURE_COUNTS
+    }
 
 
 def step_table(batch: Any, rows: Sequence[int] | None = None) -> StepTable:
@@ -137,30 +157,41 @@ def credit_fields(result: BatchCredit, response_mask: torch.Tensor) -> dict[str,
     }
 
 
-def partner_order(partner: np.ndarray, parts: int) -> tuple[list[int], int]:
-    """A row order that keeps partners side by side inside each of ``parts`` equal chunks.
+def layout_partner(result: BatchCredit, algo: AlgoConfig, group_size: int) -> np.ndarray:
+    """``[B]`` the row each row is laid out beside (-1 if none): the batch's MCGPO pairs.
 
-    verl hands chunk d of the batch (rows ``[d*S, (d+1)*S)``) to data-parallel rank d and
-    splits it into micro-batches without shuffling when ``actor.shuffle=False``. This order
-    keeps each chunk's rows but puts each pair whose two rows are in the chunk on positions
-    2k, 2k+1 (pairs first, then the other rows, each in batch order), so any even
-    micro-batch size, or ``force_group_size=2``, keeps them together. Returns
-    ``(order, pairs split across chunks)``; ``len(partner)`` must divide by ``parts``.
+    For MCGPO these are the pairs of the loss. For every other algorithm they are the pairs
+    :func:`mcgpo.build_preferences` finds in the same rows with its default options, so that
+    GraphGPO, GRPO and MCGPO (any ``lambda_pair``, default pair options) give verl the same
+    row layout, hence the same mini-batches: the comparison differs only in the method.
     """
-    n = len(partner)
-    if parts < 1 or n % parts:
-        raise ValueError(f"partner_order: {n} rows do not split into {parts} equal chunks")
-    size = n // parts
-    chunk = np.arange(n) // size
-    paired = partner >= 0
-    same = np.zeros(n, dtype=bool)
-    same[paired] = chunk[partner[paired]] == chunk[paired]
-    split = int(np.sum(paired & ~same)) // 2
-    order: list[int] = []
-    for d in range(parts):
-        rows = range(d * size, (d + 1) * size)
-        firsts = [r for r in rows if same[r] and r < partner[r]]
-        for r in firsts:
-            order += [r, int(partner[r])]
-        order += [r for r in rows if not same[r]]
-    return order, split
+    if ALGORITHMS[algo.name].pairs:
+        return result.partner
+    partner = np.full(len(result.learn), -1, dtype=np.int64)
+    learn = result.rows[~result.table.errored]
+    if len(learn) == 0:
+        return partner
+    prefs = build_preferences(result.table.select(np.flatnonzero(~result.table.errored)),
+                              group_size=group_size)  # fmt: skip
+    plus, minus = learn[np.asarray(prefs.plus)], learn[np.asarray(prefs.minus)]
+    partner[plus], partner[minus] = minus, plus
+    return partner
+
+
+def take(result: BatchCredit, order: Sequence[int]) -> BatchCredit:
+    """``result`` for the batch reordered by ``order`` (new row i = old row ``order[i]``):
+    per-row arrays permuted, partners renumbered; the table keeps its rows (``rows`` maps
+    them to their new positions)."""
+    order = np.asarray(order, dtype=np.int64)
+    n = len(result.learn)
+    if not np.array_equal(np.sort(order), np.arange(n)):
+        raise ValueError(f"take: order is not a permutation of the batch's {n} rows")
+    new_pos = np.empty(n, dtype=np.int64)
+    new_pos[order] = np.arange(n)
+    partner = result.partner[order]
+    partner = np.where(partner >= 0, new_pos[np.maximum(partner, 0)], -1)
+    return result._replace(
+        rows=new_pos[result.rows], learn=result.learn[order],
+        advantages=result.advantages[order], partner=partner, sign=result.sign[order],
+        weight=result.weight[order],
+    )  # fmt: skip

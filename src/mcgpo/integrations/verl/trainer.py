@@ -1,45 +1,68 @@
 """The v1 trainer ``mcgpo`` (``trainer.v1.trainer_mode=mcgpo``): verl's synchronous PPO
-trainer with mcgpo's credit assignment and pair loss.
+trainer with mcgpo's credit assignment, pair loss and pair-aware batch layout.
 
+* ``__init__`` checks the verl config against what the plugin honours
+  (:func:`mcgpo.integrations.verl.config.check_verl_config`): a setting it would silently
+  ignore is a one-line ConfigError before any worker starts.
 * ``on_init_end`` installs :func:`mcgpo.integrations.verl.loss.mcgpo_ppo_loss` on the actor
   with ``set_loss_fn`` (``lambda_pair`` from ``mcgpo.algo.lambda_pair``; 0 for algorithms
   without pairs).
-* ``_compute_advantage`` replaces verl's: it fetches the rows' ``extra_fields`` from
-  TransferQueue, builds the StepTable, runs ``mcgpo.estimate`` (any registered estimator)
-  and, for MCGPO, ``build_preferences`` (:func:`mcgpo.integrations.verl.batch.batch_credit`),
-  writes per-token advantages and the pair fields back, and reorders the batch so that
-  partners sit side by side inside each data-parallel chunk.
+* ``_balance_batch`` (verl runs it before the log-prob and advantage steps) runs verl's own
+  length balancing, then mcgpo's credit assignment (``mcgpo.estimate`` and, for MCGPO,
+  ``build_preferences``: :func:`~mcgpo.integrations.verl.batch.batch_credit`) on the rows'
+  ``extra_fields``, and reorders the batch with :func:`lay_out_batch` so that each pair's
+  two rows sit on one data-parallel rank, side by side, spread over that rank's
+  mini-batches (:mod:`mcgpo.integrations.verl.layout`). The credit is kept for the
+  advantage step; verl's ``global_seqlen/balanced_*`` metrics are recomputed for the final
+  order.
+* ``_compute_advantage`` writes that credit (per-token advantages, masks, pair fields) into
+  the batch.
 * ``_update_actor`` adds ``force_group_size=2`` when there are pairs and micro-batches are
-  dynamic (``use_dynamic_bsz``), so verl's token-balanced split keeps neighbours together;
-  fixed micro-batches are contiguous, so an even ``ppo_micro_batch_size_per_gpu`` does.
-* verl's synthetic padding rows (``is_padding`` tags) are left out of the StepTable.
+  dynamic (``use_dynamic_bsz``), so verl's token-balanced split keeps rows ``2k, 2k+1``
+  together; fixed micro-batches are contiguous, so an even ``ppo_micro_batch_size_per_gpu``
+  does (the config check requires it).
 
-What verl's own balancing does to pairs: ``_balance_batch`` (run before the advantage step)
-reorders rows across data-parallel ranks by sequence length, so the two rows of a pair can
-land on different ranks; those pairs are counted in ``mcgpo/pairs_split_dp`` and are left
-out of the pair loss (they keep their task loss). With ``actor.shuffle=True`` the mini-batch
-iterator shuffles rows and splits pairs too; set ``actor.shuffle=False``.
+verl's synthetic padding rows (``is_padding`` tags) are left out of the StepTable.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping, Sequence
 from functools import partial
 from typing import Any
 
 import numpy as np
+import torch
 import transfer_queue as tq
 from tensordict import TensorDict
 from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.utils.config import omega_conf_to_dataclass
+from verl.utils.seqlen_balancing import calculate_workload, log_seqlen_unbalance
 
-from mcgpo.integrations.verl.batch import batch_credit, credit_fields, partner_order
-from mcgpo.integrations.verl.config import plugin_config
+from mcgpo.integrations.verl.batch import (
+    BatchCredit,
+    batch_credit,
+    credit_fields,
+    failure_counts,
+    layout_partner,
+    take,
+)
+from mcgpo.integrations.verl.config import check_verl_config, plugin_config
+from mcgpo.integrations.verl.layout import LayoutStats, pair_layout
 from mcgpo.integrations.verl.loss import mcgpo_ppo_loss
 from mcgpo.training.algorithms import ALGORITHMS
+from mcgpo.training.config import ConfigError, RunConfig
 
-__all__ = ["TRAINER_NAME", "McgpoTrainer"]
+__all__ = [
+    "TRAINER_NAME",
+    "McgpoTrainer",
+    "credit_metrics",
+    "lambda_pair",
+    "lay_out_batch",
+    "split_pairs",
+]
 
 TRAINER_NAME = "mcgpo"
 logger = logging.getLogger(__name__)
@@ -50,12 +73,58 @@ def lambda_pair(run: Any) -> float:
     return float(run.algo.lambda_pair) if ALGORITHMS[run.algo.name].pairs else 0.0
 
 
+def split_pairs(partner: np.ndarray, parts: int) -> int:
+    """Pairs whose two rows lie in different ones of ``parts`` equal contiguous chunks."""
+    partner = np.asarray(partner, dtype=np.int64)
+    size = len(partner) // parts
+    rows = np.flatnonzero(partner > np.arange(len(partner)))
+    return int(np.sum(rows // size != partner[rows] // size))
+
+
+def lay_out_batch(
+    extra_fields: Sequence[Mapping[str, Any]],
+    padding: Sequence[bool],
+    workload: np.ndarray,
+    run: RunConfig,
+    *,
+    group_size: int,
+    dp_size: int,
+    mini_batch_rows: int,
+) -> tuple[np.ndarray, BatchCredit, LayoutStats]:
+    """Credit of a batch in verl's balanced order, and the order verl should dispatch it in.
+
+    ``extra_fields``/``padding``/``workload``: per row of the batch as verl balanced it
+    (rank ``d`` holds rows ``[d*S, (d+1)*S)``); ``mini_batch_rows``: rows of one mini-batch
+    over all ranks (``ppo_mini_batch_size * rollout.n``). Returns ``(order, credit in the
+    new order, stats)``. The layout's pairs are :func:`layout_partner`'s, so every
+    algorithm gets the same order for the same rows.
+    """
+    if mini_batch_rows % dp_size:
+        raise ConfigError(
+            f"actor.ppo_mini_batch_size * rollout.n = {mini_batch_rows} rows do not split "
+            f"over {dp_size} data-parallel ranks"
+        )
+    result = batch_credit(list(extra_fields), run.algo, padding)
+    partner = layout_partner(result, run.algo, group_size)
+    per_rank = mini_batch_rows // dp_size
+    if per_rank % 2 and np.any(partner >= 0):
+        raise ConfigError(
+            f"actor.ppo_mini_batch_size * rollout.n / dp = {per_rank} rows per rank per "
+            "mini-batch is odd, so preference pairs cannot stay together; make it even"
+        )
+    order, stats = pair_layout(partner, workload, dp_size, per_rank)
+    return order, take(result, order), stats
+
+
 @register_trainer(TRAINER_NAME)
 class McgpoTrainer(PPOTrainerSync):
-    """verl's sync trainer with mcgpo advantages, preferences and pair loss."""
+    """verl's sync trainer with mcgpo advantages, preferences, pair loss and layout."""
 
     def __init__(self, config: Any) -> None:
         self.mcgpo = plugin_config(config)  # fail before any worker starts
+        check_verl_config(config, self.mcgpo)
+        # (row keys, credit, layout stats, failure counts) of the batch _balance_batch laid out
+        self._credit: tuple[list[Any], BatchCredit, LayoutStats, dict[str, int]] | None = None
         super().__init__(config)
 
     def on_init_end(self) -> None:
@@ -63,8 +132,6 @@ class McgpoTrainer(PPOTrainerSync):
         actor_config = omega_conf_to_dataclass(self.config.actor_rollout_ref.actor)
         loss = partial(mcgpo_ppo_loss, config=actor_config, lambda_pair=lambda_pair(self.mcgpo))
         self.actor_rollout_wg.set_loss_fn(loss)
-        if self.config.actor_rollout_ref.actor.get("shuffle", False) and lambda_pair(self.mcgpo):
-            logger.warning("mcgpo: actor.shuffle=True splits preference pairs; set it False")
 
     def _dp_size(self) -> int:
         info = self.actor_rollout_wg._dispatch_info.get("actor")
@@ -73,25 +140,58 @@ class McgpoTrainer(PPOTrainerSync):
             self.actor_rollout_wg._dispatch_info["actor"] = info
         return max(info) + 1
 
-    def _compute_advantage(self, batch: Any, metrics: dict) -> Any:
+    def _balance_batch(
+        self, batch: Any, metrics: dict, logging_prefix: str = "global_seqlen",
+        keep_minibatch: bool = False,
+    ) -> Any:  # fmt: skip
+        batch = super()._balance_batch(batch, metrics, logging_prefix, keep_minibatch)
+        dp = self._dp_size()
         data = tq.kv_batch_get(
-            keys=batch.keys, partition_id=batch.partition_id,
-            select_fields=["extra_fields", "response_mask"],
+            keys=batch.keys, partition_id=batch.partition_id, select_fields=["extra_fields"]
+        )
+        seq_lens = torch.tensor([tag["seq_len"] for tag in batch.tags], dtype=torch.int64)
+        actor, n = self.config.actor_rollout_ref.actor, int(self.config.actor_rollout_ref.rollout.n)
+        padding = [bool(t.get("is_padding", False)) for t in batch.tags]
+        failures = failure_counts(data["extra_fields"], padding)
+        order, result, stats = lay_out_batch(
+            list(data["extra_fields"]), padding,
+            calculate_workload(seq_lens).cpu().numpy(), self.mcgpo, group_size=n, dp_size=dp,
+            mini_batch_rows=int(actor.ppo_mini_batch_size) * n,
         )  # fmt: skip
+        batch.reorder([int(i) for i in order])
+        self._credit = (list(batch.keys), result, stats, failures)
+        size = len(batch) // dp
+        chunks = [list(range(d * size, (d + 1) * size)) for d in range(dp)]
+        final = log_seqlen_unbalance(
+            seqlen_list=seq_lens[torch.as_tensor(order)].tolist(), partitions=chunks,
+            prefix=logging_prefix,
+        )  # fmt: skip
+        metrics.update({k: v for k, v in final.items() if "/balanced" in k})
+        return batch
+
+    def _credit_of(self, batch: Any) -> tuple[BatchCredit, LayoutStats | None, dict[str, int]]:
+        """The credit ``_balance_batch`` computed for these rows in this order (else anew)."""
+        cached, self._credit = self._credit, None
+        if cached is not None and cached[0] == list(batch.keys):
+            return cached[1], cached[2], cached[3]
+        logger.warning("mcgpo: the batch changed after its layout; credit recomputed")
+        data = tq.kv_batch_get(
+            keys=batch.keys, partition_id=batch.partition_id, select_fields=["extra_fields"]
+        )
         padding = [bool(tag.get("is_padding", False)) for tag in batch.tags]
-        result = batch_credit(data, self.mcgpo.algo, padding)
+        return batch_credit(data, self.mcgpo.algo, padding), None, failure_counts(data, padding)
+
+    def _compute_advantage(self, batch: Any, metrics: dict) -> Any:
+        result, stats, failures = self._credit_of(batch)
+        data = tq.kv_batch_get(
+            keys=batch.keys, partition_id=batch.partition_id, select_fields=["response_mask"]
+        )
         fields = credit_fields(result, data["response_mask"])
         batch = tq.kv_batch_put(
             keys=batch.keys, partition_id=batch.partition_id,
             fields=TensorDict(fields, batch_size=len(batch)),
         )  # fmt: skip
-        order, split = partner_order(result.partner, self._dp_size())
-        batch.reorder(order)
-        metrics.update({f"mcgpo/{k}": v for k, v in result.credit.stats.items()})
-        metrics["mcgpo/pairs"] = float(np.sum(result.sign > 0))
-        metrics["mcgpo/pairs_split_dp"] = float(split)
-        metrics["mcgpo/errored_rows"] = float(np.sum(result.table.errored))
-        metrics["mcgpo/padding_rows"] = float(np.sum(padding))
+        metrics.update(credit_metrics(result, stats, self._dp_size(), failures))
         return batch
 
     def _update_actor(self, batch: Any, metrics: dict) -> Any:
@@ -102,3 +202,26 @@ class McgpoTrainer(PPOTrainerSync):
         if lambda_pair(self.mcgpo) and self.config.actor_rollout_ref.actor.use_dynamic_bsz:
             batch.extra_info["force_group_size"] = 2
         return super()._update_actor(batch, metrics)
+
+
+def credit_metrics(
+    result: BatchCredit, stats: LayoutStats | None, dp_size: int,
+    failures: Mapping[str, int] | None = None,
+) -> dict:  # fmt: skip
+    """The ``mcgpo/*`` metrics of one batch's credit, layout and environment failures
+    (:func:`~mcgpo.integrations.verl.batch.failure_counts`: ``mcgpo/env_timeouts``,
+    ``mcgpo/env_crashes``, ``mcgpo/env_errors``)."""
+    table = result.table
+    out = {f"mcgpo/{k}": v for k, v in result.credit.stats.items()}
+    out["mcgpo/pairs"] = float(np.sum(result.sign > 0))
+    out["mcgpo/pairs_split_dp"] = float(split_pairs(result.partner, dp_size))
+    out["mcgpo/errored_rows"] = float(np.sum(table.errored))
+    out["mcgpo/padding_rows"] = float(len(result.learn) - len(result.rows))
+    if stats is not None:
+        out["mcgpo/layout_pairs"] = float(stats.pairs)
+        out["mcgpo/layout_split_before"] = float(stats.split_before)
+        out["mcgpo/layout_split_after"] = float(stats.split_after)
+        out["mcgpo/layout_rows_moved"] = float(stats.moved)
+    for name, count in (failures or {}).items():
+        out[f"mcgpo/{name}"] = float(count)
+    return out

@@ -1,0 +1,356 @@
+"""One actor update through verl's worker and through mcgpo's own update, from the same
+weights on the same batch (run by test_verl_equivalence.py, in a fresh process).
+
+``VERL_PLATFORM=cpu python tests/integrations/verl_update_equivalence.py OUT`` builds the
+tiny model (OUT/model) and a batch of 48 step rows (2 tasks x 8 trajectories x 3 turns,
+:func:`mcgpo.bench.synthetic.synthetic_table` seed 0: every advantage nonzero, 6 MCGPO
+pairs) with random prompt and response tokens. The rows go through the plugin as verl
+hands them over: agent-loop ``extra_fields`` -> :func:`~mcgpo.integrations.verl.trainer.
+lay_out_batch` (the trainer's layout, dp = 1) -> :func:`~mcgpo.integrations.verl.batch.
+credit_fields` -> a TensorDict in TransferQueue's layout (``agent_loop_tq``'s fields) ->
+verl's ``ActorRolloutRefWorker`` (role ``actor``, FSDP2 engine in fp32 on gloo, world size
+1) ``compute_log_prob`` for pi_old and the reference (the weights are the initial ones,
+as verl's ``ref_in_actor``), then ``update_actor`` with ``mcgpo_ppo_loss`` installed by
+``set_loss_fn``, with the trainer's ``extra_info`` (``trainer_base._update_actor``).
+
+mcgpo's side: the same model folder loaded with transformers, the same rows in the same
+order as a :class:`~mcgpo.rollout.tokens.TokenBatch`, advantages and pairs from
+:func:`mcgpo.training.algorithms.assign_credit` on the StepTable, and
+:func:`mcgpo.training.update.update_policy` with the same settings: 2 mini-batches of 24
+rows (the groups argument makes each mini-batch the rows verl's iterator takes), micro-
+batches of 4, clip 0.2, dual clip 3, KL 0.5 (low_var_kl), entropy 0.01, lambda_pair 1,
+grad clip 1, AdamW (lr 1e-2, betas 0.9/0.999, weight decay 0.01, eps 1: see the test for
+why), one epoch. Also run: mcgpo with lambda_pair 0 and with KL 0 (controls: each term
+moves the weights by far more than the tolerance).
+
+Writes OUT/result.json (atomically).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+
+GROUPS, N, TURNS = 2, 8, 3
+MINI_PROMPTS = 3  # verl's ppo_mini_batch_size: 3 x N = 24 rows per mini-batch, 2 of them
+MICRO = 4
+LR, WD, EPS, BETAS = 1e-2, 0.01, 1.0, (0.9, 0.999)
+CLIP, DUAL_CLIP, KL, ENTROPY, LAMBDA, GRAD_CLIP = 0.2, 3.0, 0.5, 0.01, 1.0, 1.0
+
+
+def stage(name: str) -> None:
+    print(f"verl_update_equivalence: {name}", flush=True)
+
+
+def build_model(out: Path, seed: int = 0) -> None:
+    """The tiny model (``seed`` sets its weights) and its tokenizer, as a model folder."""
+    from mcgpo.policy import tiny_model, train_tokenizer
+    from mcgpo.rollout import environment_corpus
+
+    tokenizer = train_tokenizer(environment_corpus(("household",), episodes=4), vocab_size=400)
+    tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"
+    model = tiny_model(tokenizer, seed=seed, hidden_size=32, num_layers=1)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+
+
+def rows_and_tokens():
+    """The StepTable, its records as the agent loop's extra_fields, and per-row tokens."""
+    from mcgpo.bench.synthetic import synthetic_table
+
+    table = synthetic_table(GROUPS, N, TURNS, n_states=3, n_actions=2, full_length=True, seed=0)
+    rng = np.random.default_rng(7)
+    prompts = [
+        rng.integers(5, 400, size=int(rng.integers(4, 9))).tolist() for _ in range(len(table))
+    ]
+    responses = [
+        rng.integers(5, 400, size=int(rng.integers(2, 5))).tolist() for _ in range(len(table))
+    ]
+    return table, table.to_records(), prompts, responses
+
+
+def plugin_run_config():
+    from omegaconf import OmegaConf
+
+    from mcgpo.integrations.verl.config import plugin_config
+
+    block = {"env": {"name": "household"}, "algo": {"name": "mcgpo", "lambda_pair": LAMBDA}}
+    return plugin_config(
+        OmegaConf.create({"actor_rollout_ref": {"rollout": {"n": N}}, "mcgpo": block})
+    )
+
+
+def verl_config(model: Path):
+    from hydra import compose, initialize_config_module
+
+    actor, rollout = "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
+    fp32 = "{param_dtype: fp32, reduce_dtype: fp32, buffer_dtype: fp32}"
+    overrides = [
+        f"actor_rollout_ref.model.path={model}", "actor_rollout_ref.model.use_remove_padding=false",
+        "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
+        "actor_rollout_ref.model.enable_gradient_checkpointing=false",
+        f"{actor}.strategy=fsdp2", f"+{actor}.fsdp_config.mixed_precision={fp32}",
+        f"+actor_rollout_ref.ref.fsdp_config.mixed_precision={fp32}",
+        f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={MICRO}",
+        f"{actor}.fsdp_config.use_torch_compile=false", f"{actor}.use_torch_compile=false",
+        f"{actor}.ppo_mini_batch_size={MINI_PROMPTS}", f"{actor}.ppo_micro_batch_size_per_gpu={MICRO}",
+        f"{actor}.ppo_epochs=1", f"{actor}.shuffle=false",
+        f"{actor}.clip_ratio={CLIP}", f"{actor}.clip_ratio_low={CLIP}", f"{actor}.clip_ratio_high={CLIP}",
+        f"{actor}.clip_ratio_c={DUAL_CLIP}", f"{actor}.loss_agg_mode=token-mean",
+        f"{actor}.use_kl_loss=true", f"{actor}.kl_loss_coef={KL}", f"{actor}.kl_loss_type=low_var_kl",
+        f"{actor}.entropy_coeff={ENTROPY}", f"{actor}.grad_clip={GRAD_CLIP}",
+        f"{actor}.optim.lr={LR}", f"{actor}.optim.weight_decay={WD}",
+        f"{actor}.optim.clip_grad={GRAD_CLIP}", f"{actor}.optim.betas=[{BETAS[0]},{BETAS[1]}]",
+        f"{actor}.optim.override_optimizer_config={{eps: {EPS}}}",
+        f"{rollout}.name=mcgpo_cpu", f"{rollout}.n={N}", f"{rollout}.temperature=1.0",
+        f"{rollout}.log_prob_micro_batch_size_per_gpu={MICRO}",
+        f"{rollout}.tensor_model_parallel_size=1",
+        "trainer.device=cpu", "trainer.n_gpus_per_node=1", "trainer.nnodes=1",
+        "data.train_batch_size=2", "algorithm.adv_estimator=grpo",
+    ]  # fmt: skip
+    with initialize_config_module("verl.trainer.config", version_base=None):
+        return compose(config_name="ppo_trainer", overrides=overrides)
+
+
+def tq_rows(records, prompts, responses):
+    """Rows in TransferQueue's layout, as ``agent_loop_tq._agent_loop_postprocess`` puts them."""
+    import torch
+    from verl.utils.tensordict_utils import list_of_dict_to_tensordict
+
+    fields = []
+    for extra, p, r in zip(records, prompts, responses, strict=True):
+        prompt, response = torch.tensor(p), torch.tensor(r)
+        ids = torch.cat([prompt, response])
+        fields.append({
+            "prompts": prompt, "responses": response,
+            "response_mask": torch.ones(len(r), dtype=torch.int64),
+            "loss_mask": torch.ones(len(r), dtype=torch.int64),
+            "input_ids": ids, "attention_mask": torch.ones_like(ids),
+            "position_ids": torch.arange(len(ids)), "extra_fields": dict(extra),
+        })  # fmt: skip
+    return list_of_dict_to_tensordict(fields)
+
+
+def verl_update(config, ref_config, data) -> dict:
+    """pi_old from the actor worker's compute_log_prob, the reference log-probs from a ref
+    worker (``ref_config``: another model folder), then one update_actor; the new weights."""
+    import torch
+    from verl.trainer.ppo.v1.trainer_base import response_from_nested
+    from verl.utils import tensordict_utils as tu
+    from verl.utils.config import omega_conf_to_dataclass
+    from verl.workers.engine_workers import ActorRolloutRefWorker
+
+    from mcgpo.integrations.verl.loss import mcgpo_ppo_loss
+
+    worker = ActorRolloutRefWorker(config.actor_rollout_ref, role="actor")
+    worker.init_model()
+    actor_config = omega_conf_to_dataclass(config.actor_rollout_ref.actor)
+    worker.set_loss_fn(partial(mcgpo_ppo_loss, config=actor_config, lambda_pair=LAMBDA))
+    infer = data.clone()
+    tu.assign_non_tensor(infer, calculate_entropy=True, compute_loss=False, temperature=1.0)
+    out = worker.compute_log_prob(infer)
+    old = response_from_nested(out["log_probs"], data["response_mask"])
+    # verl's forward-only (ref) engine offloads with CPUOffloadPolicy(pin_memory=True), and
+    # pinning needs an accelerator: on the CPU the parameters already are in host memory
+    from verl.workers.engine.fsdp import transformer_impl
+
+    if not getattr(transformer_impl.CPUOffloadPolicy, "_mcgpo_cpu", False):
+        policy = transformer_impl.CPUOffloadPolicy
+
+        class HostOffload(policy):  # type: ignore[misc, valid-type]
+            _mcgpo_cpu = True
+
+            def __init__(self, pin_memory: bool = True) -> None:
+                super().__init__(pin_memory=False)
+
+        transformer_impl.CPUOffloadPolicy = HostOffload
+    ref_worker = ActorRolloutRefWorker(ref_config.actor_rollout_ref, role="ref")
+    ref_worker.init_model()
+    infer = data.clone()
+    tu.assign_non_tensor(infer, calculate_entropy=False, compute_loss=False, temperature=1.0)
+    ref = response_from_nested(ref_worker.compute_ref_log_prob(infer)["log_probs"],
+                               data["response_mask"])  # fmt: skip
+    data["old_log_probs"], data["ref_log_prob"] = old, ref
+    rows = MINI_PROMPTS * N
+    tu.assign_non_tensor(
+        data, calculate_entropy=True, distillation_use_topk=False, distillation_only=False,
+        global_batch_size=rows, mini_batch_size=rows, epochs=1, seed=42,
+        dataloader_kwargs={"shuffle": False}, temperature=1.0,
+    )  # fmt: skip
+    metrics = tu.get(worker.update_actor(data), "metrics")
+    module = worker.actor.engine.module
+    state = {}
+    for name, value in module.state_dict().items():
+        value = value.full_tensor() if hasattr(value, "full_tensor") else value
+        state[name] = value.detach().to(torch.float64).clone()
+    return {
+        "state": state, "old": [t.tolist() for t in old.unbind()],
+        "ref": [t.tolist() for t in ref.unbind()], "metrics": metrics,
+    }  # fmt: skip
+
+
+def mcgpo_update(model_dir, ref_dir, table, order, prompts, responses, old, *, kl, lam,
+                 per_mini_batch=False):  # fmt: skip
+    """mcgpo's own update of the same rows in the same order: the new weights, its stats
+    (a list, one per mini-batch, with ``per_mini_batch``: one update_policy call per
+    mini-batch with the same optimizer, which is the same sequence of AdamW steps), and
+    the credit."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from mcgpo.rollout.tokens import TokenBatch
+    from mcgpo.training.algorithms import assign_credit
+    from mcgpo.training.config import TrainConfig
+    from mcgpo.training.layout import PairBatch
+    from mcgpo.training.update import update_policy
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32)
+    model.config._attn_implementation = "sdpa"
+    ref = AutoModelForCausalLM.from_pretrained(ref_dir, torch_dtype=torch.float32).eval()
+    ref.config._attn_implementation = "sdpa"
+    for p in ref.parameters():
+        p.requires_grad_(False)
+    run = plugin_run_config()
+    credit = assign_credit(table.select(order), run.algo)
+    batch = TokenBatch.from_sequences(
+        [prompts[i] for i in order], [responses[i] for i in order], old, pad_token_id=0
+    )
+    cfg = TrainConfig(
+        mini_batch_size=MINI_PROMPTS * N, micro_batch_size=MICRO, clip=CLIP, dual_clip=DUAL_CLIP,
+        kl_coef=kl, kl_kind="low_var_kl", entropy_coef=ENTROPY, grad_clip=GRAD_CLIP,
+        ppo_epochs=1, precision="fp32", old_logprobs="sampler", lr=LR, weight_decay=WD,
+    )  # fmt: skip
+    optimizer = torch.optim.AdamW(
+        [p for p in model.parameters() if p.requires_grad], lr=LR, betas=BETAS, eps=EPS,
+        weight_decay=WD,
+    )  # fmt: skip
+    pairs = PairBatch(credit.plus, credit.minus, credit.weight)
+    rows = MINI_PROMPTS * N
+    groups = np.arange(len(order)) // rows  # verl's contiguous mini-batches
+    ref_model = ref if kl > 0 else None
+    if per_mini_batch:
+        stats = []
+        for k in range(len(order) // rows):
+            take = np.arange(k * rows, (k + 1) * rows)
+            inside = np.isin(pairs.plus, take) & np.isin(pairs.minus, take)
+            part = PairBatch(pairs.plus[inside] - k * rows, pairs.minus[inside] - k * rows,
+                             pairs.weight[inside])  # fmt: skip
+            stats.append(update_policy(
+                model, optimizer, batch.select(take), credit.advantages[take], cfg, pairs=part,
+                lambda_pair=lam, ref_model=ref_model, groups=groups[take],
+            ))  # fmt: skip
+    else:
+        stats = update_policy(
+            model, optimizer, batch, credit.advantages, cfg, pairs=pairs, lambda_pair=lam,
+            ref_model=ref_model, groups=groups,
+        )  # fmt: skip
+    state = {k: v.detach().to(torch.float64).clone() for k, v in model.state_dict().items()}
+    return state, stats, credit
+
+
+def run(out: Path) -> dict:
+    import torch
+    import verl  # noqa: F401  (loads the plugin: the cpu platform and engine)
+    from transformers import AutoModelForCausalLM
+
+    from mcgpo.integrations.verl.batch import credit_fields
+    from mcgpo.integrations.verl.trainer import lay_out_batch
+    from mcgpo.policy.logprobs import token_log_probs
+    from mcgpo.rollout.tokens import TokenBatch
+
+    torch.manual_seed(0)
+    stage("building the model and the batch")
+    build_model(out / "model")
+    build_model(out / "ref", seed=1)  # the reference: another checkpoint, so KL > 0 at once
+    table, records, prompts, responses = rows_and_tokens()
+    run_config = plugin_run_config()
+    work = np.array([len(p) + len(r) for p, r in zip(prompts, responses)], dtype=float)
+    order, result, stats = lay_out_batch(
+        records, [False] * len(records), work, run_config, group_size=N, dp_size=1,
+        mini_batch_rows=MINI_PROMPTS * N,
+    )  # fmt: skip
+    order = [int(i) for i in order]
+    data = tq_rows([records[i] for i in order], [prompts[i] for i in order],
+                   [responses[i] for i in order])  # fmt: skip
+    for key, value in credit_fields(result, data["response_mask"]).items():
+        data[key] = value
+    stage("verl: worker init, compute_log_prob, update_actor")
+    config = verl_config(out / "model")
+    verl_side = verl_update(config, verl_config(out / "ref"), data)
+    initial = AutoModelForCausalLM.from_pretrained(out / "model", torch_dtype=torch.float32)
+    init = {k: v.to(torch.float64) for k, v in initial.state_dict().items()}
+    stage("mcgpo: update_policy (and the two controls)")
+    same = (out / "model", out / "ref", table, order, prompts, responses, verl_side["old"])
+    mine, mine_stats, credit = mcgpo_update(*same, kl=KL, lam=LAMBDA)
+    stepwise, step_stats, _ = mcgpo_update(*same, kl=KL, lam=LAMBDA, per_mini_batch=True)
+    no_pair, _, _ = mcgpo_update(*same, kl=KL, lam=0.0)
+    no_kl, _, _ = mcgpo_update(*same, kl=0.0, lam=LAMBDA)
+    theirs = verl_side["state"]
+    names = sorted(set(mine) & set(theirs))
+
+    def max_diff(a, b):
+        return max(float((a[k] - b[k]).abs().max()) for k in names)
+
+    def logprob_diff(folder, verl_values):
+        """Max |mcgpo's log-prob - verl's| on the response tokens, model from ``folder``."""
+        model = AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.float32)
+        batch = TokenBatch.from_sequences(
+            [prompts[i] for i in order], [responses[i] for i in order], verl_values,
+            pad_token_id=0,
+        )  # fmt: skip
+        with torch.no_grad():
+            lp = token_log_probs(model, batch.input_ids, batch.attention_mask,
+                                 positions=batch.response_mask)  # fmt: skip
+        return float((lp - batch.old_log_probs)[batch.response_mask].abs().max())
+
+    metrics = {}  # verl's per-mini-batch metrics (lists of numbers; a scalar as a list)
+    for key, value in verl_side["metrics"].items():
+        values = value if isinstance(value, list) else [value]
+        if all(isinstance(x, (int, float)) for x in values):
+            metrics[key] = [float(x) for x in values]
+    return {
+        "rows": len(order),
+        "names_only_verl": sorted(set(theirs) - set(mine)),
+        "names_only_mcgpo": sorted(set(mine) - set(theirs)),
+        "plugin_advantages": result.advantages.tolist(),
+        "mcgpo_advantages": np.asarray(credit.advantages, np.float32).tolist(),
+        "plugin_pairs": sorted(
+            zip(np.flatnonzero(result.sign > 0).tolist(), result.partner[result.sign > 0].tolist())
+        ),
+        "mcgpo_pairs": sorted(zip(credit.plus.tolist(), credit.minus.tolist())),
+        "layout_pairs": stats.pairs,
+        "old_logprob_diff": logprob_diff(out / "model", verl_side["old"]),
+        "ref_logprob_diff": logprob_diff(out / "ref", verl_side["ref"]),
+        "stepwise_vs_single_call": max_diff(stepwise, mine),
+        "mcgpo_step_losses": [
+            s["loss/task"] + LAMBDA * s.get("loss/pair", 0.0) for s in step_stats
+        ],
+        "mcgpo_step_kl": [s["loss/kl"] for s in step_stats],
+        "mcgpo_step_pg": [s["loss/policy"] for s in step_stats],
+        "weights_vs_verl": max_diff(mine, theirs),
+        "weights_moved": max_diff(init, theirs),
+        "control_no_pair_vs_verl": max_diff(no_pair, theirs),
+        "control_no_kl_vs_verl": max_diff(no_kl, theirs),
+        "verl_metrics": metrics,
+        "mcgpo_stats": {k: float(v) for k, v in mine_stats.items()},
+    }
+
+
+if __name__ == "__main__":
+    out = Path(sys.argv[1])
+    with socket.socket() as s:  # a free port for the world-size-1 gloo group
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))  # fmt: skip
+    result = run(out)
+    tmp = out / "result.json.tmp"
+    tmp.write_text(json.dumps(result))
+    tmp.replace(out / "result.json")
+    stage("done")

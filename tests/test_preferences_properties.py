@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 import mcgpo
 from mcgpo.bench.synthetic import synthetic_table
+from mcgpo.preferences.build import beta_confidence
 from mcgpo.steps import StepTable
 
 TOL = 1e-12
@@ -71,8 +72,9 @@ def loop_preferences(
                 for i in sorted(rows, key=lambda r: table.turn[r]):
                     seen.setdefault(key(i, level), i)
                 first[s][level] = seen
-        for fold in (0, 1):
-            in_fold = sorted(s for s in members if (s >= split) == bool(fold))
+        leave_pair_out = evidence == "leave_pair_out"
+        for fold in (-1,) if leave_pair_out else (0, 1):  # leave_pair_out: one pool, fold -1
+            in_fold = sorted(s for s in members if leave_pair_out or (s >= split) == bool(fold))
             if evidence == "opposite_fold":
                 judges = [s for s in members if (s >= split) != bool(fold)]
             elif evidence == "same_fold":
@@ -81,6 +83,8 @@ def loop_preferences(
                 judges = list(members)
             comparisons = []  # (min turn, max turn, turn of lower slot, sa, sb, a, b, c, level)
             for sa, sb in combinations(in_fold, 2):
+                if leave_pair_out:  # every sibling but the two candidates
+                    judges = [s for s in members if s not in (sa, sb)]
                 pairs = set()
                 for level in levels:
                     for k, ra in first[sa][level].items():
@@ -113,6 +117,13 @@ def loop_preferences(
                     q = q_exact if level == "exact" else q_coarse
                     c = abs(gap) * n / (n + kappa) * q if weighting == "evidence" else q
                     plus, minus = (ra, rb) if gap > 0 else (rb, ra)
+                    if weighting == "beta":  # c's formula is tested on closed forms apart
+                        wins = [np.array([sum(support[r])]) for r in (plus, minus)]
+                        counts = [np.array([len(support[r])]) for r in (plus, minus)]
+                        c = (
+                            float(beta_confidence(wins[0], counts[0], wins[1], counts[1], kappa)[0])
+                            * q
+                        )
                     ta, tb = int(table.turn[ra]), int(table.turn[rb])
                     comparisons.append(
                         (min(ta, tb), max(ta, tb), ta, sa, sb, plus, minus, c, level)
@@ -123,8 +134,9 @@ def loop_preferences(
                 best.setdefault((comp[3], comp[4]), comp)
             used: set[int] = set()
             kept = 0
+            cap = max_per_fold if max_per_fold is None or not leave_pair_out else 2 * max_per_fold
             for comp in sorted(best.values(), key=lambda c: (c[0], c[1], c[3], c[4])):
-                if max_per_fold is not None and kept >= max_per_fold:
+                if cap is not None and kept >= cap:
                     break
                 if comp[5] in used or comp[6] in used:
                     continue
@@ -187,8 +199,8 @@ OPTIONS = st.fixed_dictionaries(
         "kappa": st.sampled_from([0.0, 1.0, 2.5]),
         "min_support": st.sampled_from([1, 2]),
         "max_per_fold": st.sampled_from([1, 2, None]),
-        "evidence": st.sampled_from(["opposite_fold", "same_fold", "pooled"]),
-        "weighting": st.sampled_from(["evidence", "uniform"]),
+        "evidence": st.sampled_from(["opposite_fold", "same_fold", "pooled", "leave_pair_out"]),
+        "weighting": st.sampled_from(["evidence", "uniform", "beta"]),
         "matching": st.sampled_from(["joint", "state_only", "rubric_only"]),
         "coarse_actions": st.sampled_from(["coarse", "exact"]),
     }
@@ -214,6 +226,9 @@ def test_loop_equals_vectorised(table, options):
         {"matching": "state_only", "max_per_fold": 1},
         {"matching": "rubric_only", "max_per_fold": None},
         {"coarse_actions": "exact", "kappa": 0.0, "q_coarse": 1.0},
+        {"evidence": "leave_pair_out"},
+        {"evidence": "leave_pair_out", "weighting": "beta", "max_per_fold": None},
+        {"weighting": "beta", "kappa": 2.0},
     ],
 )
 def test_loop_equals_vectorised_on_synthetic_batches(seed, options):
@@ -292,16 +307,45 @@ def test_invariants_of_the_output(table, options):
     assert np.all(table.action[prefs.plus] != table.action[prefs.minus])
     assert np.all(table.action_valid[used]) and not np.any(table.errored[used])
     fold_plus = (table.slot[prefs.plus] >= 4).astype(int)
-    assert np.all(fold_plus == prefs.fold)
-    assert np.all(fold_plus == (table.slot[prefs.minus] >= 4))
+    if options["evidence"] == "leave_pair_out":  # pairs may span the folds
+        assert np.all(prefs.fold == -1)
+    else:
+        assert np.all(fold_plus == prefs.fold)
+        assert np.all(fold_plus == (table.slot[prefs.minus] >= 4))
     assert np.all(prefs.gap >= options["epsilon"] - TOL) and np.all(prefs.gap > 0)
     assert np.all(prefs.support >= options["min_support"])
     if options["max_per_fold"] is not None:
         _, counts = np.unique(np.stack([prefs.group, prefs.fold]), axis=1, return_counts=True)
-        assert np.all(counts <= options["max_per_fold"])
+        pools = 1 if options["evidence"] == "leave_pair_out" else 2  # one pool: both budgets
+        assert np.all(counts <= options["max_per_fold"] * (2 // pools))
     s = prefs.stats
     assert s["preferences"] == len(prefs)
     assert s["candidate_pairs"] == (
         s["dropped_no_support"] + s["dropped_below_epsilon"] + s["dropped_allocation"] + len(prefs)
     )
     assert s["exact"] + s["coarse"] == len(prefs)
+
+
+@settings(max_examples=80, deadline=None)
+@given(tables(), st.data())
+def test_leave_pair_out_labels_ignore_the_pairs_own_outcomes(table, data):
+    # Every candidate pair of every rule level: flipping the outcome of either of its two
+    # trajectories leaves its evidence (support, u of both actions) unchanged.
+    from mcgpo.preferences.matching import decisions, level_keys, level_pairs
+    from mcgpo.preferences.options import PreferenceOptions
+
+    opts = PreferenceOptions(evidence="leave_pair_out")
+    dec = decisions(table, opts)
+    for _, key, action in level_keys(table, dec, opts.matching):
+        before = level_pairs(dec, key, action, opts.evidence)
+        if len(before.a) == 0:
+            continue
+        p = data.draw(st.integers(0, len(before.a) - 1))
+        own = [int(table.traj[dec.row[before.a[p]]]), int(table.traj[dec.row[before.b[p]]])]
+        flip = data.draw(st.sets(st.sampled_from(own), min_size=1))
+        flipped = np.where(np.isin(table.traj, list(flip)), 1.0 - table.success, table.success)
+        dec2 = decisions(table.with_columns(success=flipped), opts)
+        after = level_pairs(dec2, key, action, opts.evidence)
+        assert (after.a[p], after.b[p]) == (before.a[p], before.b[p])
+        for name in ("support_a", "support_b", "value_a", "value_b"):
+            assert getattr(after, name)[p] == getattr(before, name)[p]

@@ -18,6 +18,12 @@ Departures from the seed (which is all that is known of the paper), and why:
   outcome says nothing about the actions.
 * ``evidence="same_fold"`` labels a fold with its own trajectories, the two candidates
   included (the in-sample control); ``"pooled"`` uses all N trajectories.
+* ``evidence="leave_pair_out"`` (ours, not the paper's): a candidate pair may join any two
+  siblings, and is labelled by the other N - 2 (6 of 8 instead of 4); its label does not
+  depend on the two candidates' outcomes. The group's candidates are one pool, capped at
+  ``2 * max_per_fold`` (the two folds' budget).
+* ``weighting="beta"`` (ours): c = 2 P(u+ > u-) - 1 under Beta posteriors with a prior at
+  the context's held-out success rate (:func:`beta_confidence`), times q_level.
 * A gap of exactly 0 has no direction and is dropped even when ``epsilon = 0``; ``|Delta_u|``
   is compared with ``epsilon - 1e-12`` so that fractions such as 7/12 - 1/3 meet 0.25.
 """
@@ -34,7 +40,7 @@ from mcgpo.preferences.matching import Decisions, decisions, level_keys, level_p
 from mcgpo.preferences.options import PreferenceOptions
 from mcgpo.steps import StepTable
 
-__all__ = ["Preferences", "build_preferences"]
+__all__ = ["Preferences", "beta_confidence", "build_preferences"]
 
 _GAP_TOL = 1e-12
 
@@ -70,6 +76,8 @@ class _Candidates:
     support_a: np.ndarray  # int64  |S(g, a_a)| under that rule
     support_b: np.ndarray  # int64  |S(g, a_b)|
     gap: np.ndarray  # float64  u(g, a_a) - u(g, a_b), either sign
+    value_a: np.ndarray  # float64  u(g, a_a)
+    value_b: np.ndarray  # float64  u(g, a_b)
     level_names: list[str]  # [L] "exact", "coarse"
 
 
@@ -89,13 +97,20 @@ def build_preferences(
     cand = _match(table, dec, opts)
     resolved, n_candidates = _resolve(cand, len(dec.row), opts.min_support)
     labelled = _label(cand.gap, resolved, opts.epsilon)
-    kept = labelled[_allocate(dec, cand, labelled, opts.max_per_fold)]
+    kept = labelled[_allocate(dec, cand, labelled, opts)]
     a_wins = cand.gap[kept] > 0
     plus = np.where(a_wins, cand.a[kept], cand.b[kept])
     minus = np.where(a_wins, cand.b[kept], cand.a[kept])
     support = np.minimum(cand.support_a[kept], cand.support_b[kept])
     level = np.array([cand.level_names[i] for i in cand.level[kept]], dtype=object)
-    weight = _weigh(np.abs(cand.gap[kept]), support, level, opts)
+    if opts.weighting == "beta":
+        n_a, n_b = cand.support_a[kept], cand.support_b[kept]
+        win_a, win_b = cand.value_a[kept] * n_a, cand.value_b[kept] * n_b
+        win_p, n_p = np.where(a_wins, win_a, win_b), np.where(a_wins, n_a, n_b)
+        win_m, n_m = np.where(a_wins, win_b, win_a), np.where(a_wins, n_b, n_a)
+        weight = beta_confidence(win_p, n_p, win_m, n_m, opts.kappa) * _q_level(level, opts)
+    else:
+        weight = _weigh(np.abs(cand.gap[kept]), support, level, opts)
     in_pair = np.zeros(len(dec.row), dtype=bool)
     in_pair[cand.a] = in_pair[cand.b] = True
     prefs_group = table.group[dec.row[plus]]
@@ -118,7 +133,7 @@ def build_preferences(
         weight=weight.astype(np.float64),
         level=level,
         group=prefs_group,
-        fold=dec.fold[cand.a[kept]],
+        fold=_fold(dec, cand.a[kept], opts),
         gap=np.abs(cand.gap[kept]),
         support=support.astype(np.int64),
         stats=stats,
@@ -136,6 +151,8 @@ def _match(table: StepTable, dec: Decisions, opts: PreferenceOptions) -> _Candid
         support_a=np.concatenate([p.support_a for p in parts]),
         support_b=np.concatenate([p.support_b for p in parts]),
         gap=np.concatenate([p.value_a - p.value_b for p in parts]),
+        value_a=np.concatenate([p.value_a for p in parts]),
+        value_b=np.concatenate([p.value_b for p in parts]),
         level_names=[name for name, _, _ in keys],
     )
 
@@ -162,14 +179,30 @@ def _label(gap: np.ndarray, resolved: np.ndarray, epsilon: float) -> np.ndarray:
     return resolved[wide]
 
 
+def _fold(dec: Decisions, a: np.ndarray, opts: PreferenceOptions) -> np.ndarray:
+    """The candidate fold of pairs (lower-slot decisions ``a``); -1 with leave_pair_out,
+    whose pairs may join trajectories of both folds."""
+    if opts.evidence == "leave_pair_out":
+        return np.full(len(a), -1, dtype=np.int64)
+    return dec.fold[a]
+
+
 def _allocate(
-    dec: Decisions, cand: _Candidates, labelled: np.ndarray, max_per_fold: int | None
+    dec: Decisions, cand: _Candidates, labelled: np.ndarray, opts: PreferenceOptions
 ) -> np.ndarray:
-    """Positions in ``labelled`` kept by earliest-per-sibling-pair, the cap and row-once."""
+    """Positions in ``labelled`` kept by earliest-per-sibling-pair, the cap and row-once.
+
+    With leave_pair_out the group is one pool of candidates: the cap is ``2 x max_per_fold``
+    per group, the budget of the two folds."""
     a, b = cand.a[labelled], cand.b[labelled]
+    max_per_fold = opts.max_per_fold
+    fold = dec.fold[a]
+    if opts.evidence == "leave_pair_out":
+        fold = np.zeros_like(fold)
+        max_per_fold = None if max_per_fold is None else 2 * max_per_fold
     return allocate(
         dec.group[a],
-        dec.fold[a],
+        fold,
         dec.slot[a],
         dec.slot[b],
         dec.turn[a],
@@ -180,12 +213,57 @@ def _allocate(
     )
 
 
+def _q_level(level: np.ndarray, opts: PreferenceOptions) -> np.ndarray:
+    q_of_level = {"exact": opts.q_exact, "coarse": opts.q_coarse}
+    return np.array([q_of_level[name] for name in level], dtype=np.float64)
+
+
+_GRID = (np.arange(2048) + 0.5) / 2048  # midpoints on (0, 1): the Beta pdfs are bounded here
+
+
+def _log_beta_pdf(t: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    from math import lgamma
+
+    log_norm = np.array([lgamma(x + y) - lgamma(x) - lgamma(y) for x, y in zip(a, b)])
+    return log_norm[:, None] + (a[:, None] - 1) * np.log(t) + (b[:, None] - 1) * np.log1p(-t)
+
+
+def beta_confidence(
+    win_plus: np.ndarray, n_plus: np.ndarray, win_minus: np.ndarray, n_minus: np.ndarray,
+    kappa: float,
+) -> np.ndarray:  # fmt: skip
+    """c = 2 P(u+ > u-) - 1 (clipped at 0) under Beta posteriors of the two actions' success
+    rates, ``[P]`` from the evidence counts (wins of n trajectories per action).
+
+    Prior of both actions (ours, not the paper's): Beta(1 + kappa p, 1 + kappa (1 - p)), p
+    the context's held-out success rate (both actions' evidence pooled): a uniform base plus
+    ``kappa`` pseudo-trajectories at the context's rate, so thin evidence is shrunk towards
+    "no difference". P(u+ > u-) = integral of pdf+(t) CDF-(t) dt, on a 2,048-point midpoint
+    grid (the pdfs are bounded for parameters >= 1; error < 1e-3, tested against closed
+    forms).
+    """
+    win_plus, win_minus = np.asarray(win_plus, float), np.asarray(win_minus, float)
+    n_plus, n_minus = np.asarray(n_plus, float), np.asarray(n_minus, float)
+    if len(win_plus) == 0:
+        return np.zeros(0)
+    total = n_plus + n_minus
+    p = np.where(total > 0, (win_plus + win_minus) / np.maximum(total, 1), 0.5)
+    a0, b0 = 1 + kappa * p, 1 + kappa * (1 - p)
+    pdf_plus = np.exp(_log_beta_pdf(_GRID, a0 + win_plus, b0 + n_plus - win_plus))
+    pdf_minus = np.exp(_log_beta_pdf(_GRID, a0 + win_minus, b0 + n_minus - win_minus))
+    h = 1.0 / len(_GRID)
+    pdf_plus /= pdf_plus.sum(1, keepdims=True) * h  # renormalise the quadrature
+    pdf_minus /= pdf_minus.sum(1, keepdims=True) * h
+    cdf_minus = (np.cumsum(pdf_minus, axis=1) - 0.5 * pdf_minus) * h  # CDF at the midpoints
+    prob = np.sum(pdf_plus * cdf_minus, axis=1) * h
+    return np.clip(2 * prob - 1, 0.0, 1.0)
+
+
 def _weigh(
     gap: np.ndarray, support: np.ndarray, level: np.ndarray, opts: PreferenceOptions
 ) -> np.ndarray:
     """c = |Delta_u| * n / (n + kappa) * q_level ("evidence"), or q_level ("uniform")."""
-    q_of_level = {"exact": opts.q_exact, "coarse": opts.q_coarse}
-    q_level = np.array([q_of_level[name] for name in level], dtype=np.float64)
+    q_level = _q_level(level, opts)
     if opts.weighting == "evidence":
         return gap * support / (support + opts.kappa) * q_level
     return q_level

@@ -131,13 +131,15 @@ def level_pairs(dec: Decisions, key: np.ndarray, action: np.ndarray, evidence: s
     ).reshape(n_key_action, 2)
 
     # candidate pairs: two first visits of one key by trajectories of the same fold that took
-    # different actions. Sorted by (key, fold, slot), bucket members are consecutive, so
-    # pairs are found by comparing each position with the ones d places further on.
-    by_bucket = np.lexsort((dec.slot[visits], fold, k))
+    # different actions (leave_pair_out: of any two trajectories of the group). Sorted by
+    # (key, fold, slot), bucket members are consecutive, so pairs are found by comparing each
+    # position with the ones d places further on.
+    bucket = np.zeros_like(fold) if evidence == "leave_pair_out" else fold
+    by_bucket = np.lexsort((dec.slot[visits], bucket, k))
     first, second = [], []
     for d in range(1, len(by_bucket)):
         i, j = by_bucket[:-d], by_bucket[d:]
-        same = (k[i] == k[j]) & (fold[i] == fold[j])
+        same = (k[i] == k[j]) & (bucket[i] == bucket[j])
         if not same.any():
             break
         keep = same & (act[i] != act[j])
@@ -147,7 +149,13 @@ def level_pairs(dec: Decisions, key: np.ndarray, action: np.ndarray, evidence: s
     high = np.concatenate(second) if second else np.zeros(0, dtype=np.int64)  # higher slot
 
     f, cell_low, cell_high = fold[low], key_action[low], key_action[high]
-    if evidence == "opposite_fold":  # cross-fitted: the other fold labels this one
+    if evidence == "leave_pair_out":  # every trajectory of the group but the pair's two
+        # a's cell holds a's own first visit and not b's (b took another action at this
+        # level, and a trajectory has one first visit per key), and vice versa
+        y = dec.success[visits]
+        cnt_a, win_a = count[cell_low].sum(1) - 1, wins[cell_low].sum(1) - y[low]
+        cnt_b, win_b = count[cell_high].sum(1) - 1, wins[cell_high].sum(1) - y[high]
+    elif evidence == "opposite_fold":  # cross-fitted: the other fold labels this one
         cnt, win = count[:, ::-1], wins[:, ::-1]
         cnt_a, win_a = cnt[cell_low, f], win[cell_low, f]
         cnt_b, win_b = cnt[cell_high, f], win[cell_high, f]

@@ -20,8 +20,8 @@ __all__ = [
     "PreferenceOptions",
 ]
 
-EVIDENCE_MODES = ("opposite_fold", "same_fold", "pooled")
-WEIGHTING_MODES = ("evidence", "uniform")
+EVIDENCE_MODES = ("opposite_fold", "same_fold", "pooled", "leave_pair_out")
+WEIGHTING_MODES = ("evidence", "uniform", "beta")
 MATCHING_MODES = ("joint", "state_only", "rubric_only")
 COARSE_ACTION_MODES = ("coarse", "exact")
 
@@ -44,8 +44,16 @@ class PreferenceOptions(Options):
     q_exact: float = option(1.0, "q_level of pairs the exact rule resolves: the reference level")
     q_coarse: float = option(0.5, "q_level of coarse pairs: pooled instances are weaker evidence")
     max_per_fold: int | None = option(2, "preferences kept per fold (the seed's two); None: no cap")
-    evidence: str = option("opposite_fold", "the other fold labels a fold's pairs (cross-fitting)")
-    weighting: str = option("evidence", "c = |Delta_u| n/(n+kappa) q_level; uniform: c = q_level")
+    evidence: str = option(
+        "opposite_fold",
+        "the other fold labels a fold's pairs (cross-fitting); leave_pair_out: any two siblings, "
+        "labelled by the other N - 2",
+    )
+    weighting: str = option(
+        "evidence",
+        "c = |Delta_u| n/(n+kappa) q_level; uniform: c = q_level; beta: c = (2 P(u+ > u-) - 1) "
+        "q_level under Beta posteriors (prior: kappa pseudo-trajectories at the context's rate)",
+    )
     matching: str = option("joint", "context key (h, C, F); state_only: (h,), rubric_only: (C, F)")
     coarse_actions: str = option(
         "coarse", "coarse rule drops actions' instance numbers as h_coarse does; exact: keeps them"

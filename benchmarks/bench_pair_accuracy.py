@@ -1,7 +1,8 @@
 """Are MCGPO's preferences right? Pair accuracy against Monte-Carlo ground truth.
 
-    cd benchmarks && python bench_pair_accuracy.py [--groups 32] [--sizes 8 16] [--k 16]
-                     [--noise 0.2 0.4 0.6] [--envs household webshop] [--value success]
+    cd benchmarks && python bench_pair_accuracy.py [--groups 32 | --budget 1024] [--sizes 8 16]
+                     [--k 16] [--noise 0.2 0.4 0.6] [--envs household webshop]
+                     [--value success] [--variants | --variants-only]
 
 Rollouts are those of bench_coverage.py (noisy-expert siblings, ``play_group``): no model is
 trained or sampled. Both environments are deterministic given the task seed and the action
@@ -19,7 +20,10 @@ The continuations from one state share their random streams across actions (comm
 numbers: stream i of row r is ``pairacc/<task>/<r>/<i>/<noise>``), which lowers the variance
 of the same-state difference. Pair sets (``pair_sets``): the pairs the defaults keep, the
 candidates the defaults drop (recovered from a relaxed builder, see there) and the
-same-fold-evidence control. docs/results/pair-accuracy.md describes the method and results.
+same-fold-evidence control. With ``--variants`` every label variant of :data:`VARIANTS` is
+judged on the same rollouts and continuation streams, by its *signal per group*: the sum of
+c (Q+ - Q-) over its pairs per group, with a bootstrap over groups (:func:`signal_per_group`).
+docs/results/pair-accuracy.md describes the method and results.
 """
 
 from __future__ import annotations
@@ -50,6 +54,17 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "pooled": {"evidence": "pooled", "epsilon": 0.0, "max_per_fold": None},
 }
 EPSILON = PreferenceOptions().epsilon  # the default epsilon (0.25)
+
+# label variants judged side by side on the same rollouts and continuation streams
+# (--variants; issue 25): the paper's rule (the defaults) and ours, docs/algorithms/mcgpo.md
+VARIANTS: dict[str, dict[str, Any]] = {
+    "paper": {},
+    "leave_pair_out": {"evidence": "leave_pair_out"},
+    "beta": {"weighting": "beta"},
+    "leave_pair_out+beta": {"evidence": "leave_pair_out", "weighting": "beta"},
+    "paper, no cap": {"max_per_fold": None},
+    "leave_pair_out, no cap": {"evidence": "leave_pair_out", "max_per_fold": None},
+}
 
 
 @dataclass(frozen=True)
@@ -229,6 +244,42 @@ def summarise(q_plus: np.ndarray, q_minus: np.ndarray, *, seed: int = 0, boot: i
     }
 
 
+def signal_per_group(
+    group: np.ndarray, weight: np.ndarray, diff: np.ndarray, groups: int, *, seed: int = 0,
+    boot: int = 2000,
+) -> dict:  # fmt: skip
+    """The variant's signal: sum of c (Q+ - Q-) over its pairs, per group of the cell, with a
+    95 % percentile-bootstrap interval over groups (pairs of one group share their evidence,
+    so groups, not pairs, are the resampled units; groups without pairs count as 0).
+
+    ``group`` [P] group rank in 0..groups-1 of each pair, ``weight`` [P] its c, ``diff`` [P]
+    Monte-Carlo Q+ - Q- (own states)."""
+    per_group = np.bincount(group, weights=weight * diff, minlength=groups)[:groups]
+    idx = np.random.default_rng(seed).integers(0, groups, size=(boot, groups))
+    means = per_group[idx].mean(axis=1)
+    lo, hi = np.percentile(means, [2.5, 97.5])
+    return {"mean": float(per_group.mean()), "lo": float(lo), "hi": float(hi)}
+
+
+def variant_rows(
+    table: mcgpo.StepTable, oracle: Oracle, size: int, groups: int, col: int
+) -> list[tuple[str, float, dict, dict]]:
+    """(variant, pairs per group, own-state accuracy summary, signal per group) of every
+    :data:`VARIANTS` entry on one cell's rollouts; Q estimates are shared through the
+    oracle's cache, so every variant is judged on the same continuation streams."""
+    out = []
+    for name, options in VARIANTS.items():
+        prefs = mcgpo.build_preferences(table, group_size=size, **options)
+        pairs = PairSet(name, prefs.plus, prefs.minus, prefs.level, prefs.support)
+        judged = judge(oracle, pairs)
+        diff = judged.plus[:, col] - judged.minus_own[:, col]
+        group = table.group[prefs.plus].astype(np.int64)
+        signal = signal_per_group(group, prefs.weight, diff, groups)
+        own = summarise(judged.plus[:, col], judged.minus_own[:, col])
+        out.append((name, len(prefs) / groups, own, signal))
+    return out
+
+
 def rollouts(env: Any, groups: int, size: int, noise: float) -> mcgpo.StepTable:
     """bench_coverage's noisy-expert groups; group g plays training task g."""
     rows: list[dict[str, Any]] = []
@@ -244,6 +295,7 @@ class Cell:
     success: float  # share of the cell's trajectories that succeed
     counts: dict[str, float]  # candidate_counts
     rows: list[tuple[str, str, dict, dict]]  # (set, split, own-state, same-state summary)
+    variants: list[tuple[str, float, dict, dict]]  # variant_rows (empty without --variants)
 
 
 SPLITS = ("all", "exact", "coarse", "n = 1", "n >= 2")  # rows per pair set (see cell)
@@ -260,16 +312,20 @@ def split_mask(pairs: PairSet, split: str) -> np.ndarray:
     return np.ones(len(pairs.plus), dtype=bool)
 
 
-def cell(env_name: str, size: int, noise: float, groups: int, k: int, value: str) -> Cell:
+def cell(
+    env_name: str, size: int, noise: float, groups: int, k: int, value: str,
+    variants: bool = False, sets: bool = True,
+) -> Cell:  # fmt: skip
     """Judge every pair set of one cell: every set over all pairs; kept and same_fold also
-    by rule level and by support (splits without pairs are left out)."""
+    by rule level and by support (splits without pairs are left out); with ``variants``
+    also every label variant (:func:`variant_rows`); ``sets=False`` skips the pair sets."""
     env = mcgpo.make_env(env_name, **ENVS[env_name])
     table = rollouts(env, groups, size, noise)
     oracle = Oracle(env, table, {g: g for g in range(groups)}, noise, k)
     col = {"success": 0, "score": 1}[value]
-    sets, counts = pair_sets(table, size)
+    judged_sets, counts = pair_sets(table, size)
     rows = []
-    for pairs in sets:
+    for pairs in judged_sets if sets else []:
         judged = judge(oracle, pairs)
         for split in SPLITS if pairs.name in ("kept", "same_fold") else SPLITS[:1]:
             m = split_mask(pairs, split)
@@ -278,7 +334,8 @@ def cell(env_name: str, size: int, noise: float, groups: int, k: int, value: str
             own = summarise(judged.plus[m, col], judged.minus_own[m, col])
             same = summarise(judged.plus[m, col], judged.minus_same[m, col])
             rows.append((pairs.name, split, own, same))
-    return Cell(float(table.success[table.turn == 0].mean()), counts, rows)
+    extra = variant_rows(table, oracle, size, groups, col) if variants else []
+    return Cell(float(table.success[table.turn == 0].mean()), counts, rows, extra)
 
 
 def _fmt(s: dict) -> str:
@@ -294,6 +351,11 @@ def _arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--groups", type=int, default=32, help="tasks (groups) per cell")
     parser.add_argument(
+        "--budget", type=int, default=None,
+        help="trajectories per cell instead of --groups: groups = budget / N (equal budget "
+        "across N, e.g. 1024 = 128 x 8 = 64 x 16)",
+    )  # fmt: skip
+    parser.add_argument(
         "--sizes", type=int, nargs="+", default=[8, 16], help="group sizes N (even)"
     )
     parser.add_argument(
@@ -304,10 +366,19 @@ def _arguments() -> argparse.Namespace:
     parser.add_argument(
         "--value", default="success", choices=["success", "score"], help="Q = mean of this"
     )
+    parser.add_argument(
+        "--variants", action="store_true",
+        help="also judge the label variants (VARIANTS) on the same rollouts: signal per group",
+    )  # fmt: skip
+    parser.add_argument(
+        "--variants-only", action="store_true", help="judge the label variants only (no pair sets)"
+    )
     args = parser.parse_args()
     for name in ("groups", "k"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+    if args.budget is not None and any(args.budget < n or args.budget % n for n in args.sizes):
+        parser.error(f"--budget {args.budget} must be a multiple of every N in --sizes")
     if any(n < 2 or n % 2 for n in args.sizes):
         parser.error(f"--sizes must be even integers >= 2, got {args.sizes}")
     if any(not 0 <= x <= 1 for x in args.noise):
@@ -318,7 +389,9 @@ def _arguments() -> argparse.Namespace:
 def main() -> None:
     args = _arguments()
     print(
-        f"MCGPO pair accuracy, noisy-expert rollouts, {args.groups} tasks per cell, "
+        "MCGPO pair accuracy, noisy-expert rollouts, "
+        + (f"{args.groups} tasks" if args.budget is None else f"{args.budget} trajectories")
+        + " per cell, "
         f"Q = mean {args.value} of {args.k} continuations, build_preferences defaults; "
         f"{cpu_name()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
         f"{datetime.date.today().isoformat()}"
@@ -334,8 +407,12 @@ def main() -> None:
     for env_name in args.envs:
         for size in args.sizes:
             for noise in args.noise:
-                c = cell(env_name, size, noise, args.groups, args.k, args.value)
-                cells.append((env_name, size, noise, c))
+                groups = args.groups if args.budget is None else args.budget // size
+                c = cell(
+                    env_name, size, noise, groups, args.k, args.value,
+                    variants=args.variants or args.variants_only, sets=not args.variants_only,
+                )  # fmt: skip
+                cells.append((env_name, size, noise, c, groups))
                 for name, split, own, same in c.rows:
                     print(
                         f"| {env_name} | {size} | {noise:.1f} | {100 * c.success:.1f} | {name} "
@@ -345,13 +422,34 @@ def main() -> None:
     print("\nCandidates per group (default builder; tied = below-eps drops with a gap of 0)\n")
     print("| env | N | noise | candidates | kept | no support | below eps | tied | allocation |")
     print("|---" * 9 + "|")
-    for env_name, size, noise, c in cells:
+    for env_name, size, noise, c, _ in cells:
         n = c.counts
         print(
             f"| {env_name} | {size} | {noise:.1f} | {n['candidates']:.2f} | {n['kept']:.2f} "
             f"| {n['no_support']:.2f} | {n['below_eps']:.2f} | {n['tied']:.2f} "
             f"| {n['allocation']:.2f} |"
         )
+    if any(c.variants for *_, c, _ in cells):
+        print(
+            "\nLabel variants (same rollouts, same continuation streams; own-state Q; signal "
+            "= sum of c (Q+ - Q-) per group, 95 % bootstrap over groups)\n"
+        )
+        print("| env | N | groups | noise | success % | variant | pairs / group | n | right % "
+              "| tie % | wrong % | mean Q+ - Q- | signal / group [95 % CI] | signal / 8 traj |")  # fmt: skip
+        print("|---" * 14 + "|")
+        for env_name, size, noise, c, groups in cells:
+            for name, per_group, own, sig in c.variants:
+                acc = (
+                    f"{own['n']} | {100 * own['right']:.0f} | {100 * own['tie']:.0f} | "
+                    f"{100 * own['wrong']:.0f} | {own['mean']:+.3f}"
+                    if own["n"] else "0 | – | – | – | –"
+                )  # fmt: skip
+                print(
+                    f"| {env_name} | {size} | {groups} | {noise:.1f} | {100 * c.success:.1f} "
+                    f"| {name} | {per_group:.2f} | {acc} | {sig['mean']:+.4f} "
+                    f"[{sig['lo']:+.4f}, {sig['hi']:+.4f}] | {sig['mean'] * 8 / size:+.4f} |",
+                    flush=True,
+                )
     print(f"\n{time.perf_counter() - start:.0f} s")
 
 

@@ -182,3 +182,39 @@ def test_cli_answers_bad_arguments_with_exit_2(monkeypatch, capsys, argv, messag
         pa.main()
     assert err.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_signal_per_group_sums_c_times_the_gap_per_group():
+    # 4 groups; pairs: group 0: c 0.5, Q+ - Q- = +0.4 -> 0.2; group 0 again: 1.0 x -0.1 ->
+    # -0.1; group 2: 0.25 x 0.8 -> 0.2; groups 1 and 3 have none (0). Mean over the 4
+    # groups = (0.1 + 0 + 0.2 + 0) / 4 = 0.075.
+    got = pa.signal_per_group(
+        np.array([0, 0, 2]), np.array([0.5, 1.0, 0.25]), np.array([0.4, -0.1, 0.8]), 4
+    )
+    assert got["mean"] == pytest.approx(0.075)
+    assert got["lo"] <= got["mean"] <= got["hi"]
+    # resampling groups, not pairs: a cell where one group holds everything has an interval
+    # reaching 0 (most resamples miss it)
+    lone = pa.signal_per_group(np.array([1, 1]), np.ones(2), np.ones(2), 8)
+    assert lone["mean"] == pytest.approx(0.25) and lone["lo"] == 0.0
+
+
+def test_variants_are_judged_on_the_same_rollouts_and_streams():
+    env = _env("webshop")
+    table = pa.rollouts(env, groups=3, size=8, noise=0.6)
+    oracle = pa.Oracle(env, table, {g: g for g in range(3)}, noise=0.6, k=2)
+    rows = pa.variant_rows(table, oracle, size=8, groups=3, col=0)
+    assert [r[0] for r in rows] == list(pa.VARIANTS)
+    by_name = {name: (per_group, own, sig) for name, per_group, own, sig in rows}
+    # every variant's pairs were judged with the shared cache: judging the paper's pairs
+    # again adds no Q estimate
+    cached = len(oracle._cache)
+    prefs = mcgpo.build_preferences(table, group_size=8)
+    pa.judge(oracle, pa.PairSet("again", prefs.plus, prefs.minus, prefs.level, prefs.support))
+    assert len(oracle._cache) == cached
+    assert by_name["paper"][0] == pytest.approx(len(prefs) / 3)
+    # leave-pair-out's candidates are a superset of the folds' (any two siblings, not two of
+    # one fold); which of them are kept depends on their labels
+    lpo = mcgpo.build_preferences(table, group_size=8, evidence="leave_pair_out")
+    assert lpo.stats["candidate_pairs"] >= prefs.stats["candidate_pairs"]
+    assert by_name["leave_pair_out"][0] == pytest.approx(len(lpo) / 3)

@@ -244,39 +244,55 @@ def summarise(q_plus: np.ndarray, q_minus: np.ndarray, *, seed: int = 0, boot: i
     }
 
 
-def signal_per_group(
-    group: np.ndarray, weight: np.ndarray, diff: np.ndarray, groups: int, *, seed: int = 0,
-    boot: int = 2000,
-) -> dict:  # fmt: skip
-    """The variant's signal: sum of c (Q+ - Q-) over its pairs, per group of the cell, with a
-    95 % percentile-bootstrap interval over groups (pairs of one group share their evidence,
-    so groups, not pairs, are the resampled units; groups without pairs count as 0).
+def group_signal(
+    group: np.ndarray, weight: np.ndarray, diff: np.ndarray, groups: int
+) -> np.ndarray:
+    """[groups]: sum of c (Q+ - Q-) over each group's pairs (0 for a group without pairs).
 
     ``group`` [P] group rank in 0..groups-1 of each pair, ``weight`` [P] its c, ``diff`` [P]
     Monte-Carlo Q+ - Q- (own states)."""
-    per_group = np.bincount(group, weights=weight * diff, minlength=groups)[:groups]
+    return np.bincount(group, weights=weight * diff, minlength=groups)[:groups]
+
+
+def bootstrap_mean(per_group: np.ndarray, *, seed: int = 0, boot: int = 2000) -> dict:
+    """Mean over groups with a 95 % percentile-bootstrap interval, groups resampled (pairs
+    of one group share their evidence, so groups, not pairs, are the units). The resamples
+    depend only on (seed, groups): two variants of one cell get the same ones, so the
+    bootstrap of their per-group difference is paired."""
+    groups = len(per_group)
     idx = np.random.default_rng(seed).integers(0, groups, size=(boot, groups))
     means = per_group[idx].mean(axis=1)
     lo, hi = np.percentile(means, [2.5, 97.5])
     return {"mean": float(per_group.mean()), "lo": float(lo), "hi": float(hi)}
 
 
+def signal_per_group(
+    group: np.ndarray, weight: np.ndarray, diff: np.ndarray, groups: int, *, seed: int = 0,
+    boot: int = 2000,
+) -> dict:  # fmt: skip
+    """The variant's signal per group: :func:`group_signal`, then :func:`bootstrap_mean`."""
+    return bootstrap_mean(group_signal(group, weight, diff, groups), seed=seed, boot=boot)
+
+
 def variant_rows(
     table: mcgpo.StepTable, oracle: Oracle, size: int, groups: int, col: int
-) -> list[tuple[str, float, dict, dict]]:
-    """(variant, pairs per group, own-state accuracy summary, signal per group) of every
-    :data:`VARIANTS` entry on one cell's rollouts; Q estimates are shared through the
-    oracle's cache, so every variant is judged on the same continuation streams."""
-    out = []
+) -> list[tuple[str, float, dict, dict, dict]]:
+    """(variant, pairs per group, own-state accuracy summary, signal per group, paired
+    difference of the signal per group against ``paper``) of every :data:`VARIANTS` entry on
+    one cell's rollouts. Q estimates are shared through the oracle's cache, so every
+    variant is judged on the same rollouts and the same continuation streams."""
+    out, base = [], None
     for name, options in VARIANTS.items():
         prefs = mcgpo.build_preferences(table, group_size=size, **options)
         pairs = PairSet(name, prefs.plus, prefs.minus, prefs.level, prefs.support)
         judged = judge(oracle, pairs)
         diff = judged.plus[:, col] - judged.minus_own[:, col]
         group = table.group[prefs.plus].astype(np.int64)
-        signal = signal_per_group(group, prefs.weight, diff, groups)
+        per_group = group_signal(group, prefs.weight, diff, groups)
+        base = per_group if base is None else base  # "paper" comes first
         own = summarise(judged.plus[:, col], judged.minus_own[:, col])
-        out.append((name, len(prefs) / groups, own, signal))
+        out.append((name, len(prefs) / groups, own, bootstrap_mean(per_group),
+                    bootstrap_mean(per_group - base)))  # fmt: skip
     return out
 
 
@@ -295,7 +311,7 @@ class Cell:
     success: float  # share of the cell's trajectories that succeed
     counts: dict[str, float]  # candidate_counts
     rows: list[tuple[str, str, dict, dict]]  # (set, split, own-state, same-state summary)
-    variants: list[tuple[str, float, dict, dict]]  # variant_rows (empty without --variants)
+    variants: list[tuple[str, float, dict, dict, dict]]  # variant_rows ([] without --variants)
 
 
 SPLITS = ("all", "exact", "coarse", "n = 1", "n >= 2")  # rows per pair set (see cell)
@@ -435,10 +451,11 @@ def main() -> None:
             "= sum of c (Q+ - Q-) per group, 95 % bootstrap over groups)\n"
         )
         print("| env | N | groups | noise | success % | variant | pairs / group | n | right % "
-              "| tie % | wrong % | mean Q+ - Q- | signal / group [95 % CI] | signal / 8 traj |")  # fmt: skip
-        print("|---" * 14 + "|")
+              "| tie % | wrong % | mean Q+ - Q- | signal / group [95 % CI] | signal / 8 traj "
+              "| minus paper [95 % CI, paired] |")  # fmt: skip
+        print("|---" * 15 + "|")
         for env_name, size, noise, c, groups in cells:
-            for name, per_group, own, sig in c.variants:
+            for name, per_group, own, sig, vs in c.variants:
                 acc = (
                     f"{own['n']} | {100 * own['right']:.0f} | {100 * own['tie']:.0f} | "
                     f"{100 * own['wrong']:.0f} | {own['mean']:+.3f}"
@@ -447,7 +464,8 @@ def main() -> None:
                 print(
                     f"| {env_name} | {size} | {groups} | {noise:.1f} | {100 * c.success:.1f} "
                     f"| {name} | {per_group:.2f} | {acc} | {sig['mean']:+.4f} "
-                    f"[{sig['lo']:+.4f}, {sig['hi']:+.4f}] | {sig['mean'] * 8 / size:+.4f} |",
+                    f"[{sig['lo']:+.4f}, {sig['hi']:+.4f}] | {sig['mean'] * 8 / size:+.4f} "
+                    f"| {vs['mean']:+.4f} [{vs['lo']:+.4f}, {vs['hi']:+.4f}] |",
                     flush=True,
                 )
     print(f"\n{time.perf_counter() - start:.0f} s")

@@ -197,6 +197,12 @@ def test_signal_per_group_sums_c_times_the_gap_per_group():
     # reaching 0 (most resamples miss it)
     lone = pa.signal_per_group(np.array([1, 1]), np.ones(2), np.ones(2), 8)
     assert lone["mean"] == pytest.approx(0.25) and lone["lo"] == 0.0
+    # paired: the same resamples for two variants, so a constant per-group difference has
+    # a zero-width interval, which an unpaired comparison of the two intervals would not show
+    a = np.random.default_rng(3).normal(size=50)
+    paired = pa.bootstrap_mean((a + 0.1) - a)
+    assert paired["lo"] == pytest.approx(0.1) and paired["hi"] == pytest.approx(0.1)
+    assert pa.bootstrap_mean(a + 0.1)["lo"] < 0.1 - 0.1
 
 
 def test_variants_are_judged_on_the_same_rollouts_and_streams():
@@ -205,7 +211,8 @@ def test_variants_are_judged_on_the_same_rollouts_and_streams():
     oracle = pa.Oracle(env, table, {g: g for g in range(3)}, noise=0.6, k=2)
     rows = pa.variant_rows(table, oracle, size=8, groups=3, col=0)
     assert [r[0] for r in rows] == list(pa.VARIANTS)
-    by_name = {name: (per_group, own, sig) for name, per_group, own, sig in rows}
+    by_name = {name: (per_group, own, sig) for name, per_group, own, sig, _ in rows}
+    assert rows[0][4] == {"mean": 0.0, "lo": 0.0, "hi": 0.0}  # paper minus paper
     # every variant's pairs were judged with the shared cache: judging the paper's pairs
     # again adds no Q estimate
     cached = len(oracle._cache)

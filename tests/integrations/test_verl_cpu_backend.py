@@ -1,10 +1,12 @@
-"""The CPU backend pieces on their own (fast, no Ray): the ``mcgpo_cpu`` token server, the
-``cpu`` platform and engine registration, and verl's padding rows in the advantage step."""
+"""The CPU backend pieces on their own (fast, no Ray): the ``mcgpo_cpu`` token server and its
+state file, the ``cpu`` platform and engine registration (with the unpinned offload policy),
+and verl's padding rows in the advantage step."""
 
 from __future__ import annotations
 
 import asyncio
 import copy
+import json
 
 import numpy as np
 import pytest
@@ -18,14 +20,20 @@ pytestmark = pytest.mark.verl
 
 
 @pytest.fixture(scope="module")
-def server(tiny_policy, tmp_path_factory):
-    from mcgpo.integrations.verl.cpu_replica import CpuTokenServer
-
+def model_folder(tiny_policy, tmp_path_factory):
     model, tokenizer = tiny_policy
     path = tmp_path_factory.mktemp("tiny")
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
-    return CpuTokenServer(str(path), response_length=6, seed=0), model, tokenizer
+    return path
+
+
+@pytest.fixture(scope="module")
+def server(tiny_policy, model_folder):
+    from mcgpo.integrations.verl.cpu_replica import CpuTokenServer
+
+    model, tokenizer = tiny_policy
+    return CpuTokenServer(str(model_folder), response_length=6, seed=0), model, tokenizer
 
 
 def test_server_generates_tokens_with_their_log_probs(server):
@@ -70,6 +78,52 @@ def test_server_loads_weights_and_reports_their_version(server):
     asyncio.run(srv.load_weights(list(state.items()), global_steps=0))  # restore
 
 
+def test_server_keeps_its_state_file_current(tiny_policy, model_folder, tmp_path):
+    """The file a driver reads after verl's main_ppo has ended (the server lived in a Ray
+    worker): written at start, after each generate and each load_weights, whole."""
+    from mcgpo.integrations.verl.cpu_replica import CpuTokenServer
+
+    model, tokenizer = tiny_policy
+    path = tmp_path / "servers" / "mcgpo_cpu_server_0.json"  # the folder does not exist yet
+    srv = CpuTokenServer(str(model_folder), response_length=4, seed=0, state_path=path)
+
+    def written() -> dict:
+        assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temporary left
+        return json.loads(path.read_text())
+
+    initial = sum(float(p.detach().double().sum()) for p in model.parameters())
+    assert written() == {"requests": 0, "global_steps": None, "checksum": initial,
+                         "weight_loads": 0}  # fmt: skip
+    prompt = tokenizer("You are in the kitchen.")["input_ids"]
+    for k in (1, 2):
+        asyncio.run(srv.generate(prompt_ids=prompt, sampling_params={}))
+        assert written()["requests"] == k
+    doubled = [(k, 2 * v) for k, v in model.state_dict().items()]
+    asyncio.run(srv.load_weights(doubled, global_steps=1))
+    state = written()
+    assert state == asyncio.run(srv.state())
+    assert (state["requests"], state["global_steps"], state["weight_loads"]) == (2, 1, 1)
+    assert state["checksum"] == pytest.approx(2 * initial, rel=1e-12)  # x2 is exact in fp32
+    asyncio.run(srv.set_global_steps(5))
+    assert written()["global_steps"] == 5
+    # a failed load (unknown name) leaves the file as it was
+    with pytest.raises(KeyError):
+        asyncio.run(srv.load_weights([("bogus.weight", torch.zeros(1))], global_steps=6))
+    assert written() == {**state, "global_steps": 5}
+
+
+def test_state_file_is_named_per_replica_from_the_environment(monkeypatch, tmp_path):
+    from mcgpo.integrations.verl.cpu_replica import STATE_ENV, state_file
+
+    monkeypatch.delenv(STATE_ENV, raising=False)
+    assert state_file(0) is None
+    assert state_file(1, tmp_path) == tmp_path / "mcgpo_cpu_server_1.json"
+    monkeypatch.setenv(STATE_ENV, str(tmp_path / "s"))
+    assert state_file(3) == tmp_path / "s" / "mcgpo_cpu_server_3.json"
+    monkeypatch.setenv(STATE_ENV, "")  # set but empty: no file
+    assert state_file(0) is None
+
+
 def test_cpu_platform_and_engine_registration():
     from verl.plugin.platform import PlatformRegistry
     from verl.workers.engine.base import EngineRegistry
@@ -89,6 +143,16 @@ def test_cpu_platform_and_engine_registration():
     register_cpu_engine()  # idempotent: verl asserts on a second registration otherwise
     for backend in ("fsdp", "fsdp2"):
         assert EngineRegistry._engines["language_model"][backend]["cpu"] is FSDPEngineWithLMHead
+    # the reference engine asks for pinned offload, which needs an accelerator: unpinned,
+    # still torch's policy (FSDP2 checks the type), patched once
+    from torch.distributed.fsdp import CPUOffloadPolicy
+    from verl.workers.engine.fsdp import transformer_impl
+
+    policy = transformer_impl.CPUOffloadPolicy
+    assert issubclass(policy, CPUOffloadPolicy) and policy is not CPUOffloadPolicy
+    assert policy(pin_memory=True).pin_memory is False
+    register_cpu_engine()
+    assert transformer_impl.CPUOffloadPolicy is policy
     assert RolloutReplicaRegistry.get("mcgpo_cpu") is CpuReplica
     assert _ROLLOUT_REGISTRY[("mcgpo_cpu", "async")].endswith("cpu_replica.CpuServerAdapter")
 

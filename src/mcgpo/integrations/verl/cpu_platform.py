@@ -150,19 +150,43 @@ def _gloo_process_group(timeout_second: Any = None, backend: str | None = None) 
     initialize_global_process_group_ray(timeout_second, backend or "cpu:gloo")
 
 
+def _unpinned_offload() -> None:
+    """verl's forward-only (reference) FSDP2 engine offloads with
+    ``CPUOffloadPolicy(pin_memory=True)`` (``workers/engine/fsdp/transformer_impl.py``
+    ``_build_fsdp_module``), and pinning host memory needs an accelerator ("Cannot access
+    accelerator device when none is available"). On the CPU the parameters already live in
+    host memory: the engine module gets the same policy with ``pin_memory=False``."""
+    from verl.workers.engine.fsdp import transformer_impl
+
+    policy = transformer_impl.CPUOffloadPolicy
+    if policy is None or getattr(policy, "_mcgpo_cpu", False):
+        return
+
+    class HostOffload(policy):  # type: ignore[misc, valid-type]
+        _mcgpo_cpu = True
+
+        def __init__(self, pin_memory: bool = True) -> None:
+            super().__init__(pin_memory=False)
+
+    transformer_impl.CPUOffloadPolicy = HostOffload
+
+
 def register_cpu_engine() -> None:
     """Register verl's FSDP language-model engine for the device ``cpu`` (idempotent).
 
-    Also the one shim of a verl function: the actor worker starts its process group with
-    ``f"cpu:gloo,{device}:{backend}"`` (``utils/distributed.py``
+    Also the two shims of verl names, both for the device ``cpu`` only: the actor worker
+    starts its process group with ``f"cpu:gloo,{device}:{backend}"`` (``utils/distributed.py``
     ``initialize_global_process_group_ray``), which torch rejects for the device ``cpu``
-    ("Duplicate device type cpu"); ``engine_workers`` gets a wrapper passing ``cpu:gloo``.
+    ("Duplicate device type cpu"), so ``engine_workers`` gets a wrapper passing
+    ``cpu:gloo``; and the reference engine's offload policy does not pin memory
+    (:func:`_unpinned_offload`).
     """
     from verl.workers import engine_workers
     from verl.workers.engine.base import EngineRegistry
     from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
 
     engine_workers.initialize_global_process_group_ray = _gloo_process_group
+    _unpinned_offload()
 
     backends = EngineRegistry._engines.get("language_model", {})
     if all(PLATFORM_NAME in backends.get(b, {}) for b in ("fsdp", "fsdp2")):

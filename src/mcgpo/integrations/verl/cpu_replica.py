@@ -18,13 +18,24 @@ registers ``vexact`` (docs/extend_guide.rst of verl-project/verl):
 Sampling honours ``temperature``, ``max_tokens`` (default ``rollout.response_length``)
 and ``stop`` strings; ``top_p < 1`` or ``top_k > 0`` is refused (mcgpo's sampler has
 neither). For tests and CPU smoke runs; docs/integrations/verl.md.
+
+State file: with ``MCGPO_CPU_SERVER_STATE=<folder>`` in the environment of the process that
+launches the replicas (verl forwards ``ray_kwargs.ray_init.runtime_env.env_vars`` to every
+Ray worker), each server keeps ``<folder>/mcgpo_cpu_server_<rank>.json`` current with its
+:meth:`CpuTokenServer.state` (requests served, weight version, parameter checksum):
+written when the model is loaded and after every ``generate`` and ``load_weights``,
+through a temporary file and ``os.replace``, so a reader never sees a partial file. A
+driver that runs verl's own ``main_ppo`` (the replicas live in its Ray workers) reads the
+servers' final state there.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 import ray
@@ -33,11 +44,21 @@ from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica, TokenOutput
 
 from mcgpo.rollout.sampler import sample
+from mcgpo.training.checkpoint import atomic_write_text
 
-__all__ = ["ROLLOUT_NAME", "CpuReplica", "CpuServerAdapter", "CpuTokenServer", "server_name"]
+__all__ = [
+    "ROLLOUT_NAME",
+    "STATE_ENV",
+    "CpuReplica",
+    "CpuServerAdapter",
+    "CpuTokenServer",
+    "server_name",
+    "state_file",
+]
 
 
 ROLLOUT_NAME = "mcgpo_cpu"
+STATE_ENV = "MCGPO_CPU_SERVER_STATE"
 
 
 def server_name(replica_rank: int) -> str:
@@ -45,15 +66,37 @@ def server_name(replica_rank: int) -> str:
     return f"{ROLLOUT_NAME}_server_{replica_rank}"
 
 
+def state_file(replica_rank: int, folder: str | os.PathLike | None = None) -> Path | None:
+    """Where replica ``replica_rank``'s server writes its state: ``<folder>/<server name>.json``
+    with ``folder`` (default: ``$MCGPO_CPU_SERVER_STATE``); None when neither is set."""
+    folder = folder if folder is not None else os.environ.get(STATE_ENV) or None
+    return None if folder is None else Path(folder) / f"{server_name(replica_rank)}.json"
+
+
 def _model_path(model_config: Any) -> str:
     local = model_config.get("local_path", None) if hasattr(model_config, "get") else None
     return str(local or model_config.path)
 
 
-class CpuTokenServer:
-    """Token-in, token-out generation with a causal LM on the CPU (a Ray actor)."""
+def _checksum(model: Any) -> float:
+    """The sum of every parameter, in float64 (tied weights once)."""
+    return sum(float(p.detach().double().sum()) for p in model.parameters())
 
-    def __init__(self, model_path: str, response_length: int, seed: int = 0) -> None:
+
+class CpuTokenServer:
+    """Token-in, token-out generation with a causal LM on the CPU (a Ray actor).
+
+    ``state_path``: the JSON file kept current with :meth:`state` (module docstring);
+    None: no file."""
+
+    state_path: Path | None = None
+    _checksum: float | None = None  # of the weights as loaded; None: compute on demand
+    weight_loads = 0  # load_weights calls
+
+    def __init__(
+        self, model_path: str, response_length: int, seed: int = 0,
+        state_path: str | os.PathLike | None = None,
+    ) -> None:  # fmt: skip
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         torch.set_num_threads(1)
@@ -64,6 +107,11 @@ class CpuTokenServer:
         self.lock = asyncio.Lock()
         self.global_steps: int | None = None
         self.requests = 0
+        self._checksum = _checksum(self.model)
+        self.state_path = None if state_path is None else Path(state_path)
+        if self.state_path is not None:
+            self.state_path.parent.mkdir(parents=True, exist_ok=True)
+        self._write_state()
 
     def _sample(self, prompt_ids: list[int], params: dict[str, Any]) -> TokenOutput:
         if float(params.get("top_p", 1.0)) < 1.0 or int(params.get("top_k", -1)) > 0:
@@ -89,7 +137,9 @@ class CpuTokenServer:
     ) -> TokenOutput:  # fmt: skip
         async with self.lock:
             self.requests += 1
-            return await asyncio.to_thread(self._sample, prompt_ids, dict(sampling_params))
+            out = await asyncio.to_thread(self._sample, prompt_ids, dict(sampling_params))
+            self._write_state()
+            return out
 
     async def load_weights(self, named: list[tuple[str, torch.Tensor]], global_steps: Any) -> int:
         """Copy ``(name, tensor)`` pairs into the model; an unknown name is a KeyError.
@@ -104,15 +154,31 @@ class CpuTokenServer:
                         raise KeyError(f"{ROLLOUT_NAME}: the server model has no parameter {name}")
                     params[name].copy_(tensor.to(params[name].dtype))
             self.global_steps = global_steps
+            self._checksum = _checksum(self.model)
+            self.weight_loads += 1
+            self._write_state()
         return len(named)
 
+    def _state(self) -> dict[str, Any]:
+        if self._checksum is None:
+            self._checksum = _checksum(self.model)
+        return {
+            "requests": self.requests, "global_steps": self.global_steps,
+            "checksum": self._checksum, "weight_loads": self.weight_loads,
+        }  # fmt: skip
+
+    def _write_state(self) -> None:
+        if self.state_path is not None:
+            atomic_write_text(self.state_path, json.dumps(self._state()))
+
     async def state(self) -> dict[str, Any]:
-        """What tests read: requests served, the weights' step, a parameter checksum."""
-        total = sum(float(p.detach().double().sum()) for p in self.model.parameters())
-        return {"requests": self.requests, "global_steps": self.global_steps, "checksum": total}
+        """What tests read: requests served, the weights' step, a parameter checksum (of
+        the weights as last loaded) and how many times ``load_weights`` ran."""
+        return self._state()
 
     async def set_global_steps(self, global_steps: int) -> None:
         self.global_steps = global_steps
+        self._write_state()
 
     async def _noop(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
         return {}
@@ -133,6 +199,7 @@ class CpuReplica(RolloutReplica):
                 model_path=_model_path(self.model_config),
                 response_length=int(self.config.response_length),
                 seed=int(getattr(self.config, "seed", 0) or 0) + self.replica_rank,
+                state_path=state_file(self.replica_rank),
             )
         )
         await server.state.remote()  # wait for the model to load

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import mcgpo
-from mcgpo.preferences.build import beta_confidence
+from mcgpo.preferences.confidence import beta_confidence
 from mcgpo.steps import StepTable
 
 

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 import mcgpo
 from mcgpo.bench.synthetic import synthetic_table
-from mcgpo.preferences.build import beta_confidence
+from mcgpo.preferences.confidence import beta_confidence
 from mcgpo.steps import StepTable
 
 TOL = 1e-12

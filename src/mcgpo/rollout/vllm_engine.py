@@ -70,6 +70,7 @@ __all__ = [
     "EngineError",
     "VLLMEngine",
     "WorkerExtension",
+    "check_installed",
     "check_vllm",
     "cut_at_stop",
     "vllm_dtype",
@@ -94,12 +95,17 @@ def vllm_dtype(precision: str) -> str:
     return _DTYPES[precision]
 
 
+def check_installed() -> None:
+    """Raise a one-line :class:`EngineError` naming the extra unless vLLM is installed."""
+    if importlib.util.find_spec("vllm") is None:
+        raise EngineError(f"rollout.engine vllm: vLLM is not installed ({_EXTRA_HINT})")
+
+
 def check_vllm(model: Any, device: str) -> None:
     """Raise a one-line :class:`EngineError` unless vLLM is installed and can run ``model``
     (a Hugging Face causal LM) on ``device``: its architecture must be one of vLLM's, and on
     the CPU backend its head size one of the CPU attention's."""
-    if importlib.util.find_spec("vllm") is None:
-        raise EngineError(f"rollout.engine vllm: vLLM is not installed ({_EXTRA_HINT})")
+    check_installed()
     import vllm
     from vllm import ModelRegistry
 
@@ -168,8 +174,7 @@ class VLLMEngine:
         enforce_eager: bool = True,
         sleep: bool = False,
     ) -> None:
-        if importlib.util.find_spec("vllm") is None:
-            raise EngineError(f"rollout.engine vllm: vLLM is not installed ({_EXTRA_HINT})")
+        check_installed()
         from vllm import LLM
 
         if sleep and device == "cpu":

@@ -109,6 +109,17 @@ class RolloutConfig:
         "dynamic (KV cache; finished rows leave the batch) or static (preallocated cache, "
         "decode step compiled with CUDA graphs on a GPU)",
     )
+    engine: str = _opt(
+        "hf",
+        "rollout engine: hf (mcgpo's samplers, rollout.sampler) or vllm (a colocated vLLM "
+        "engine, weights synced after every update; the vllm extra, docs/rollout.md)",
+    )
+    vllm_gpu_memory_utilization: float = _opt(
+        0.5, "rollout.engine vllm on a GPU: the share of its memory vLLM may take"
+    )
+    vllm_sleep: bool = _opt(
+        False, "rollout.engine vllm on a GPU: free vLLM's memory during the update (sleep mode)"
+    )
 
     def check(self) -> None:
         for name in ("groups", "group_size", "max_new_tokens", "max_prompt_tokens"):
@@ -122,6 +133,11 @@ class RolloutConfig:
         _choice("rollout.response_format", self.response_format, ("auto", "think", "action"))
         # the names of mcgpo.rollout.static_decode.SAMPLERS (not imported: it imports torch)
         _choice("rollout.sampler", self.sampler, ("dynamic", "static"))
+        # the names of mcgpo.rollout.vllm_engine.ENGINES (not imported: it imports torch)
+        _choice("rollout.engine", self.engine, ("hf", "vllm"))
+        u = self.vllm_gpu_memory_utilization
+        if not 0 < u <= 1:
+            raise ConfigError(f"rollout.vllm_gpu_memory_utilization must be in (0, 1], got {u}")
 
 
 @dataclass(frozen=True)
@@ -179,7 +195,7 @@ class TrainConfig:
     old_logprobs: str = _opt(
         "auto",
         "pi_old from the sampler, or recompute (a no-grad training forward before the "
-        "update); auto = recompute unless precision is fp32",
+        "update); auto = recompute unless precision is fp32 and rollout.engine is hf",
     )
     old_logprobs_check: bool = _opt(
         False, "with pi_old from the sampler, still run that forward to log pi_old/* mismatch"

@@ -60,6 +60,7 @@ __all__ = [
     "load_model",
     "prepare",
     "response_format_for",
+    "rollout_engine",
     "rollout_seed",
     "setup_run",
     "tiny_corpus",
@@ -84,6 +85,7 @@ RESUMABLE = {
     "env.workers",  # where the environments step never changes the rollouts
     "env.step_timeout",
     "train.old_logprobs_check",  # measures the pi_old mismatch, never changes the update
+    "rollout.vllm_gpu_memory_utilization",  # the engine's memory, never its samples
 }
 
 
@@ -112,6 +114,8 @@ class Run(RunSetup):
     # what the update runs: ``model``; when W > 1 its DDP wrapper, or (train.sharding fsdp2)
     # a sharded copy whose steps ``model`` follows (a full replica for generation and saving)
     learner: Any = None
+    # rollout.engine vllm: the colocated engine serving ``model`` (None: mcgpo's samplers)
+    engine: Any = None
 
     def __post_init__(self) -> None:
         if self.learner is None:
@@ -161,8 +165,17 @@ def setup_run(cfg: RunConfig, command: str = "", world: World = SINGLE) -> Run:
     loads the same checkpoint); the ``learner`` is its DDP wrapper or, with
     ``train.sharding = "fsdp2"``, an FSDP2-sharded copy that AdamW steps and ``model``
     follows (:mod:`mcgpo.training.distributed`); only rank 0 writes metrics."""
+    if cfg.rollout.engine == "vllm":
+        _check_engine_installed()  # before any model work
     setup = prepare(cfg, command, kind="train", world=world)
     cfg, model = setup.cfg, setup.model
+    if cfg.rollout.engine == "vllm" and cfg.train.old_logprobs == "auto":
+        # the engine's kernels are not the update's: pi_old from a training forward, and the
+        # pi_old/* metrics measure the engine against it
+        cfg = dataclasses.replace(
+            cfg, train=dataclasses.replace(cfg.train, old_logprobs="recompute")
+        )
+        setup.cfg = cfg
     ref_model = None
     if cfg.train.kl_coef > 0:  # the initial policy, also when resuming
         ref_model = copy.deepcopy(model).eval().requires_grad_(False)
@@ -186,6 +199,9 @@ def setup_run(cfg: RunConfig, command: str = "", world: World = SINGLE) -> Run:
         resume_at = updates_done if cfg.resume else None
         sinks = MetricSinks(setup.folder, tensorboard=cfg.tensorboard, resume_at=resume_at)
     fields = {f.name: getattr(setup, f.name) for f in dataclasses.fields(RunSetup)}
+    engine = None
+    if cfg.rollout.engine == "vllm":
+        engine = rollout_engine(cfg, model, setup.tokenizer, setup.folder, world)
     return Run(
         **{**fields, "model": model},
         ref_model=ref_model,
@@ -195,7 +211,48 @@ def setup_run(cfg: RunConfig, command: str = "", world: World = SINGLE) -> Run:
         task_cursor=cursor,
         world=world,
         learner=learner,
+        engine=engine,
     )
+
+
+def _check_engine_installed() -> None:
+    from mcgpo.rollout.vllm_engine import EngineError, check_installed
+
+    try:
+        check_installed()
+    except EngineError as err:
+        raise ConfigError(str(err)) from None
+
+
+def rollout_engine(cfg: RunConfig, model: Any, tokenizer: Any, folder: Path, world: World) -> Any:
+    """The vLLM engine of ``rollout.engine = "vllm"``, built from this rank's replica of the
+    policy, written to ``<out>/rollout-engine`` (``-rankR`` on ranks > 0); every rank serves
+    its own groups from its own engine (docs/rollout.md). Eager on a CPU (compiled graphs
+    cost more start-up than they save there), CUDA graphs on a GPU."""
+    from mcgpo.rollout.vllm_engine import EngineError, VLLMEngine, check_vllm
+
+    try:
+        check_vllm(model, "cpu" if cfg.device == "cpu" else "cuda")
+    except EngineError as err:
+        raise ConfigError(str(err)) from None
+    limit = getattr(model.config, "max_position_embeddings", None) or 1 << 30
+    budget = cfg.rollout.max_prompt_tokens + cfg.rollout.max_new_tokens
+    name = "rollout-engine" + (f"-rank{world.rank}" if world.rank else "")
+    try:
+        return VLLMEngine.for_policy(
+            model,
+            tokenizer,
+            folder / name,
+            precision=cfg.train.precision,
+            max_model_len=min(budget, limit),
+            seed=cfg.seed,
+            device=cfg.device,
+            gpu_memory_utilization=cfg.rollout.vllm_gpu_memory_utilization,
+            enforce_eager=cfg.device == "cpu",
+            sleep=cfg.rollout.vllm_sleep,
+        )
+    except EngineError as err:
+        raise ConfigError(str(err)) from None
 
 
 def writable_folder(path: str | Path) -> Path:

@@ -9,7 +9,8 @@ anywhere in the loop.
 One update (reference/algorithms.md 1.4):
 
 1. collect ``G x N`` rollouts on the next ``G`` training tasks (task cursor), sampling at
-   ``rollout.temperature`` with the sampler's log-probs kept as pi_old;
+   ``rollout.temperature`` with the sampler's log-probs kept as pi_old (``rollout.engine``
+   vllm: a colocated vLLM engine samples, and gets the new weights after step 3);
 2. drop the trajectories that hit an environment error (kept in the logs and the saved
    rollouts, excluded from learning), then advantages and, for MCGPO, preference pairs;
 3. the PPO update, with the pair loss inside the same micro-batch passes;
@@ -55,7 +56,12 @@ def train(cfg: RunConfig, command: str = "") -> Table:
     update is DDP (:mod:`mcgpo.training.distributed`); rank 0 writes every file.
     """
     with joined_world(cfg) as (cfg, world):
-        return _train(setup_run(cfg, command, world))
+        run = setup_run(cfg, command, world)
+        try:
+            return _train(run)
+        finally:
+            if run.engine is not None:
+                run.engine.close()
 
 
 def _train(run: Run) -> Table:
@@ -82,7 +88,9 @@ def _train(run: Run) -> Table:
         options = dataclasses.replace(options, group_offset=block.start)
         memory = PeakMemory.start(cfg.device, "rollout")
         with compute(cfg.train.precision, cfg.device):  # the sampler in the update's precision
-            rollout = collect(run.model, run.tokenizer, run.make_env, tasks, options)
+            rollout = collect(
+                run.model, run.tokenizer, run.make_env, tasks, options, engine=run.engine
+            )
         stats = memory.stop()
         run.task_cursor += cfg.rollout.groups
         t_rollout = time.perf_counter() - clock
@@ -96,6 +104,8 @@ def _train(run: Run) -> Table:
 
         # 3. The PPO update, the pair loss in the same micro-batch passes.
         clock = time.perf_counter()
+        if run.engine is not None:
+            run.engine.sleep()  # frees the engine's GPU memory if rollout.vllm_sleep
         stats |= update_policy(
             run.learner,
             run.optimizer,
@@ -110,9 +120,14 @@ def _train(run: Run) -> Table:
         )
         t_update = time.perf_counter() - clock
         run.updates_done = update
+        if run.engine is not None:  # the engine serves the new weights from the next rollout
+            times_sync = {"time/weight_sync": run.engine.update_weights(run.model)}
+        else:
+            times_sync = {}
 
         # 4. Log.
         times = {"time/rollout": t_rollout, "time/credit": t_credit, "time/update": t_update}
+        times |= times_sync
         metrics = merge_metrics(
             gather_objects(_update_metrics(rollout, credit, stats, times), world)
         )

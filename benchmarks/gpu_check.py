@@ -21,7 +21,8 @@ d. one ``mcgpo train`` update on household (household-smoke preset) with a model
 Every part runs in a process of its own (its own process group) under a hard wall-clock limit:
 past it the group is killed with SIGKILL. A part's rows are written to ``$OUT/gpu_check.md``
 and ``$OUT/gpu_check.json`` (atomically) as soon as the part ends, and a killed or crashed
-part keeps the rows it measured before. The whole check has a budget (``--budget-s``, 450 s
+part keeps the rows it measured before; the end of each part's output goes to
+``$OUT/gpu_check.log``. The whole check has a budget (``--budget-s``, 450 s
 by default, imports and compiles included); a part that cannot get its minimum time within
 what is left is skipped, and its rows say so. Before anything, every runtime dependency of
 pyproject.toml must be importable, from the environment or from wheels carried in
@@ -73,6 +74,8 @@ ORDER = "acbd"  # sampling first (its compile is the slowest start), the train r
 LIMITS = {"gpu": {"a": 200, "b": 90, "c": 60, "d": 90}, "dry": {"a": 60, "b": 60, "c": 60, "d": 60}}
 MINIMUM = {"gpu": 30.0, "dry": 3.0}
 FAULTS = ("raise", "hang", "abort")
+REAP_S = 30.0  # seconds to wait for a killed part to exit
+LOG_TAIL = 6000  # characters of each part's output kept in $OUT/gpu_check.log
 H200_GBS, H200_TFLOPS = 4800.0, 989.0  # throughput.py's datasheet figures
 DRY_GBS, DRY_TFLOPS = 20.0, 1.0
 
@@ -101,6 +104,7 @@ class State:
     started: float = dataclasses.field(default_factory=time.monotonic)
     env: dict[str, Any] = dataclasses.field(default_factory=dict)
     wheels: list[str] = dataclasses.field(default_factory=list)
+    logs: dict[str, str] = dataclasses.field(default_factory=dict)  # each part's output, tail
     finished: bool = False
 
     def elapsed(self) -> float:
@@ -192,9 +196,12 @@ def write_outputs(state: State) -> None:
         "finished": state.finished, "env": state.env, "wheels": state.wheels,
         "parts": {k: dataclasses.asdict(p) for k, p in state.parts.items()},
     }  # fmt: skip
+    logs = "".join(f"===== part {k}: {TITLES[k]} (last {LOG_TAIL} characters)\n{v}\n"
+                   for k, v in state.logs.items())  # fmt: skip
     for name, text in (
         ("gpu_check.md", table(state)),
         ("gpu_check.json", json.dumps(payload, indent=1)),
+        ("gpu_check.log", logs),
     ):
         tmp = state.out / f".{name}.tmp"
         tmp.write_text(text)
@@ -206,6 +213,13 @@ def signal_name(code: int) -> str:
         return signal.Signals(code).name
     except ValueError:
         return f"signal {code}"
+
+
+def tail(log: Path) -> str:
+    try:
+        return log.read_text(errors="replace")[-LOG_TAIL:]
+    except OSError:
+        return ""
 
 
 def last_line(log: Path) -> str:
@@ -237,8 +251,9 @@ def run_part(state: State, key: str, limit: float, work: Path, args: argparse.Na
         timed_out = False
     except subprocess.TimeoutExpired:
         timed_out = True
-    kill_group(proc)
+    reaped = kill_group(proc)
     p.seconds = time.monotonic() - start
+    state.logs[key] = tail(log)
     try:
         got = json.loads(result.read_text())
     except (OSError, ValueError):
@@ -254,6 +269,8 @@ def run_part(state: State, key: str, limit: float, work: Path, args: argparse.Na
         p.status = "ok"
     elif got.get("status") == "error":
         p.status, p.why = "error", got.get("why", "")
+    elif not reaped:
+        p.status, p.why = "died", f"still running {REAP_S:.0f} s after SIGKILL; left behind"
     elif proc.returncode < 0:
         p.status = "died"
         p.why = f"killed by {signal_name(-proc.returncode)}; last output: {last_line(log)}"
@@ -264,10 +281,15 @@ def run_part(state: State, key: str, limit: float, work: Path, args: argparse.Na
         p.why += f" ({len(p.rows)} row(s) measured before)"
 
 
-def kill_group(proc: subprocess.Popen) -> None:
-    """SIGKILL the part's whole process group (it and any children), then reap it."""
+def kill_group(proc: subprocess.Popen) -> bool:
+    """SIGKILL the part's whole process group (it and any children), then reap it; False if
+    it did not end within REAP_S seconds (a process stuck in the GPU driver, say)."""
     kill_quietly(proc.pid)
-    proc.wait()
+    try:
+        proc.wait(timeout=REAP_S)
+    except subprocess.TimeoutExpired:  # stuck in the driver: go on without it
+        return False
+    return True
 
 
 def run_check(args: argparse.Namespace) -> int:

@@ -323,6 +323,8 @@ def test_errored_rows_reach_the_trainer_left_out_and_counted(tiny_policy, faulty
     outs, _ = play(config, TinyServer(model, tokenizer), tokenizer, [(0, s) for s in range(N)])
     fields = []
     for (g, s), outputs in outs.items():  # as verl's _agent_loop_postprocess stores them
+        for o in outputs[:-1]:  # verl copies the final output's score to the others
+            o.reward_score = outputs[-1].reward_score
         for o in outputs:
             field = o.as_dict()
             field.update(uid=f"uid-{g}", session_id=s)

@@ -92,6 +92,8 @@ def _tq_batch(outs):
 
     fields = []
     for (uid, session), outputs in outs.items():
+        for o in outputs[:-1]:  # verl copies the final output's score to the others
+            o.reward_score = outputs[-1].reward_score
         for o in outputs:
             field = o.as_dict()
             field.update(uid=uid, session_id=session)

@@ -175,30 +175,65 @@ def test_bad_arguments_are_one_line_errors(served):
         engine.sample([[1], []], **kw)
 
 
+SMOKE = ("train", "--preset", "household-smoke", "--rollout.engine", "vllm", "--deterministic")
+
+
 @pytest.mark.vllm
-def test_train_with_vllm_engine_on_household_smoke_end_to_end(tmp_path):
-    """Two updates of `mcgpo train --rollout.engine vllm`: the engine samples, pi_old is
-    recomputed (auto), the pi_old/* metrics measure the engine, and after the run the
-    engine's folder holds exactly the trained weights (it was synced after the last update)."""
+def test_train_with_vllm_engine_end_to_end_and_resume_after_sigkill(tmp_path):
+    """Two updates of `mcgpo train --rollout.engine vllm` on household-smoke: the engine
+    samples, pi_old is recomputed (auto), the pi_old/* metrics measure the engine, and after
+    the run the engine's folder holds exactly the trained weights (synced after the last
+    update). A second run SIGKILLed (with vLLM's processes) after its first checkpoint and
+    resumed ends with the same weights, bit for bit: the resumed engine starts from the
+    checkpoint and the rows' seeds come from (seed, update)."""
     pytest.importorskip("vllm")
     from safetensors.torch import load_file
 
-    out = tmp_path / "run"
-    res = _cli("train", "--preset", "household-smoke", "--rollout.engine", "vllm",
-               "--out", str(out))  # fmt: skip
+    whole = tmp_path / "whole"
+    res = _cli(*SMOKE, "--out", str(whole))
     assert res.returncode == 0, res.stderr[-3000:]
-    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in (whole / "metrics.jsonl").read_text().splitlines()]
     updates = [r for r in records if "time/weight_sync" in r]
     assert [r["update"] for r in updates] == [1, 2]
     for r in updates:
         assert r["pi_old/recomputed"] == 1.0
         assert r["pi_old/max_abs_diff"] < BOUND  # the engine's pi_old vs the training forward
-    trained = load_file(out / "model" / "model.safetensors")
-    served = load_file(out / "rollout-engine" / "model.safetensors")
+    trained = load_file(whole / "model" / "model.safetensors")
+    served = load_file(whole / "rollout-engine" / "model.safetensors")
     assert trained.keys() == served.keys()
     assert all(torch.equal(trained[k], served[k]) for k in trained)
-    first = load_file(out / "checkpoints" / "update-000001" / "model" / "model.safetensors")
+    first = load_file(whole / "checkpoints" / "update-000001" / "model" / "model.safetensors")
     assert any(not torch.equal(first[k], trained[k]) for k in trained)  # update 2 changed it
+
+    parts = tmp_path / "parts"
+    _killed_after_first_checkpoint(parts)
+    assert (parts / "checkpoints" / "latest").read_text().strip() == "update-000001"
+    assert not (parts / "model").exists()  # it did not finish
+    res = _cli(*SMOKE, "--out", str(parts), "--resume")
+    assert res.returncode == 0, res.stderr[-3000:]
+    resumed = load_file(parts / "model" / "model.safetensors")
+    assert all(torch.equal(trained[k], resumed[k]) for k in trained)
+
+
+def _killed_after_first_checkpoint(out) -> None:
+    """Start the run in its own process group; SIGKILL the group once update 1 is saved."""
+    import signal
+    import time
+
+    cmd = [sys.executable, "-m", "mcgpo", *SMOKE, "--out", str(out)]
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
+    latest = out / "checkpoints" / "latest"
+    deadline = time.monotonic() + 600
+    try:
+        while time.monotonic() < deadline and proc.poll() is None:
+            if latest.is_file() and latest.read_text().strip():
+                break
+            time.sleep(0.05)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
 
 
 @pytest.mark.vllm

@@ -73,7 +73,7 @@ ORDER = "acbd"  # sampling first (its compile is the slowest start), the train r
 # 200 + 90 + 60 + 90 = 440 s within the 450 s default budget
 LIMITS = {"gpu": {"a": 200, "b": 90, "c": 60, "d": 90}, "dry": {"a": 60, "b": 60, "c": 60, "d": 60}}
 MINIMUM = {"gpu": 30.0, "dry": 3.0}
-FAULTS = ("raise", "hang", "abort")
+FAULTS = ("raise", "hang", "abort", "orphan")
 REAP_S = 30.0  # seconds to wait for a killed part to exit
 LOG_TAIL = 6000  # characters of each part's output kept in $OUT/gpu_check.log
 H200_GBS, H200_TFLOPS = 4800.0, 989.0  # throughput.py's datasheet figures
@@ -227,7 +227,7 @@ def last_line(log: Path) -> str:
         lines = [x for x in log.read_text(errors="replace").splitlines() if x.strip()]
     except OSError:
         return ""
-    return lines[-1].strip()[:200] if lines else ""
+    return f"; last output: {lines[-1].strip()[:200]}" if lines else ""
 
 
 def run_part(state: State, key: str, limit: float, work: Path, args: argparse.Namespace,
@@ -273,10 +273,10 @@ def run_part(state: State, key: str, limit: float, work: Path, args: argparse.Na
         p.status, p.why = "died", f"still running {REAP_S:.0f} s after SIGKILL; left behind"
     elif proc.returncode < 0:
         p.status = "died"
-        p.why = f"killed by {signal_name(-proc.returncode)}; last output: {last_line(log)}"
+        p.why = f"killed by {signal_name(-proc.returncode)}{last_line(log)}"
     else:
         p.status = "died"
-        p.why = f"exit code {proc.returncode}; last output: {last_line(log)}"
+        p.why = f"exit code {proc.returncode}{last_line(log)}"
     if p.status != "ok" and p.rows:
         p.why += f" ({len(p.rows)} row(s) measured before)"
 
@@ -388,7 +388,7 @@ def main(argv: list[str] | None = None) -> int:
         "--peak-tflops", type=float, default=None,
         help="peak FLOP/s for MFU, TFLOP/s (default: H200 dense bf16 989; dry run 1)",
     )  # fmt: skip
-    # tests only: PART:raise|hang|abort, optionally @1 (after the part's first rows)
+    # tests only: PART:raise|hang|abort|orphan, optionally @1 (after the part's first rows)
     parser.add_argument("--inject-fault", action="append", default=[], help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     try:

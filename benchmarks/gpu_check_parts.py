@@ -107,7 +107,8 @@ class Part:
             self.inject()
 
     def inject(self) -> None:
-        """Test-only faults (gpu_check.py --inject-fault part:kind[@1]): raise, hang, abort."""
+        """Test-only faults (gpu_check.py --inject-fault part:kind[@1]): raise, hang, abort,
+        or orphan (start a child process, write its pid as a row, hang)."""
         kind, self.fault = self.fault, ""
         if kind == "raise":
             raise RuntimeError(f"injected fault in part {self.key}")
@@ -116,7 +117,14 @@ class Part:
                 time.sleep(3600)
         if kind == "abort":
             os.abort()
-        raise ValueError(f"unknown fault {kind!r}; expected raise, hang or abort")
+        if kind == "orphan":  # the group kill must end this child too
+            import subprocess
+
+            child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+            self.emit(("child pid", str(child.pid), "injected"))
+            while True:
+                time.sleep(3600)
+        raise ValueError(f"unknown fault {kind!r}; expected raise, hang, abort or orphan")
 
     @property
     def tokenizer(self) -> Any:

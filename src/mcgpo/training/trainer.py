@@ -74,25 +74,7 @@ def _train(run: Run) -> Table:
         clock = time.perf_counter()
 
         # 1. Collect G x N rollouts on the next G training tasks (this rank's block of them).
-        block = rank_block(cfg.rollout.groups, world)
-        tasks = [run.task_cursor + g for g in block]
-        options = collect_options(
-            cfg,
-            run.response_format,
-            split=cfg.env.train_split,
-            temperature=cfg.rollout.temperature,
-            group_size=cfg.rollout.group_size,
-            seed=rollout_seed(cfg.seed, update),
-        )
-        # the sampling streams follow the global group index: rank-independent rollouts
-        options = dataclasses.replace(options, group_offset=block.start)
-        memory = PeakMemory.start(cfg.device, "rollout")
-        with compute(cfg.train.precision, cfg.device):  # the sampler in the update's precision
-            rollout = collect(
-                run.model, run.tokenizer, run.make_env, tasks, options, engine=run.engine
-            )
-        stats = memory.stop()
-        run.task_cursor += cfg.rollout.groups
+        rollout, stats = _collect(run, update)
         t_rollout = time.perf_counter() - clock
 
         # 2. Credit on the learnable rows only (errored trajectories are excluded).
@@ -120,14 +102,11 @@ def _train(run: Run) -> Table:
         )
         t_update = time.perf_counter() - clock
         run.updates_done = update
+        times = {"time/rollout": t_rollout, "time/credit": t_credit, "time/update": t_update}
         if run.engine is not None:  # the engine serves the new weights from the next rollout
-            times_sync = {"time/weight_sync": run.engine.update_weights(run.model)}
-        else:
-            times_sync = {}
+            times["time/weight_sync"] = run.engine.update_weights(run.model)
 
         # 4. Log.
-        times = {"time/rollout": t_rollout, "time/credit": t_credit, "time/update": t_update}
-        times |= times_sync
         metrics = merge_metrics(
             gather_objects(_update_metrics(rollout, credit, stats, times), world)
         )
@@ -149,6 +128,29 @@ def _train(run: Run) -> Table:
     barrier(world)
     run.sinks.close()
     return _summary(run)
+
+
+def _collect(run: Run, update: int) -> tuple[Rollout, dict[str, float]]:
+    """This rank's block of the next G training tasks, N rollouts each, and the peak memory
+    of the collection; the task cursor moves on by G."""
+    cfg, world = run.cfg, run.world
+    block = rank_block(cfg.rollout.groups, world)
+    tasks = [run.task_cursor + g for g in block]
+    options = collect_options(
+        cfg,
+        run.response_format,
+        split=cfg.env.train_split,
+        temperature=cfg.rollout.temperature,
+        group_size=cfg.rollout.group_size,
+        seed=rollout_seed(cfg.seed, update),
+    )
+    # the sampling streams follow the global group index: rank-independent rollouts
+    options = dataclasses.replace(options, group_offset=block.start)
+    memory = PeakMemory.start(cfg.device, "rollout")
+    with compute(cfg.train.precision, cfg.device):  # the sampler in the update's precision
+        rollout = collect(run.model, run.tokenizer, run.make_env, tasks, options, engine=run.engine)
+    run.task_cursor += cfg.rollout.groups
+    return rollout, memory.stop()
 
 
 def _update_metrics(

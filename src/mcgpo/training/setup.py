@@ -46,6 +46,7 @@ from mcgpo.training.distributed import (
     follow_learner,
     load_optimizer_state,
 )
+from mcgpo.training.engine import check_engine_installed, rollout_engine
 from mcgpo.training.metrics import MetricSinks, SilentSinks
 
 __all__ = [
@@ -60,7 +61,6 @@ __all__ = [
     "load_model",
     "prepare",
     "response_format_for",
-    "rollout_engine",
     "rollout_seed",
     "setup_run",
     "tiny_corpus",
@@ -166,7 +166,7 @@ def setup_run(cfg: RunConfig, command: str = "", world: World = SINGLE) -> Run:
     ``train.sharding = "fsdp2"``, an FSDP2-sharded copy that AdamW steps and ``model``
     follows (:mod:`mcgpo.training.distributed`); only rank 0 writes metrics."""
     if cfg.rollout.engine == "vllm":
-        _check_engine_installed()  # before any model work
+        check_engine_installed()  # before any model work
     setup = prepare(cfg, command, kind="train", world=world)
     cfg, model = setup.cfg, setup.model
     if cfg.rollout.engine == "vllm" and cfg.train.old_logprobs == "auto":
@@ -213,46 +213,6 @@ def setup_run(cfg: RunConfig, command: str = "", world: World = SINGLE) -> Run:
         learner=learner,
         engine=engine,
     )
-
-
-def _check_engine_installed() -> None:
-    from mcgpo.rollout.vllm_engine import EngineError, check_installed
-
-    try:
-        check_installed()
-    except EngineError as err:
-        raise ConfigError(str(err)) from None
-
-
-def rollout_engine(cfg: RunConfig, model: Any, tokenizer: Any, folder: Path, world: World) -> Any:
-    """The vLLM engine of ``rollout.engine = "vllm"``, built from this rank's replica of the
-    policy, written to ``<out>/rollout-engine`` (``-rankR`` on ranks > 0); every rank serves
-    its own groups from its own engine (docs/rollout.md). Eager on a CPU (compiled graphs
-    cost more start-up than they save there), CUDA graphs on a GPU."""
-    from mcgpo.rollout.vllm_engine import EngineError, VLLMEngine, check_vllm
-
-    try:
-        check_vllm(model, "cpu" if cfg.device == "cpu" else "cuda")
-    except EngineError as err:
-        raise ConfigError(str(err)) from None
-    limit = getattr(model.config, "max_position_embeddings", None) or 1 << 30
-    budget = cfg.rollout.max_prompt_tokens + cfg.rollout.max_new_tokens
-    name = "rollout-engine" + (f"-rank{world.rank}" if world.rank else "")
-    try:
-        return VLLMEngine.for_policy(
-            model,
-            tokenizer,
-            folder / name,
-            precision=cfg.train.precision,
-            max_model_len=min(budget, limit),
-            seed=cfg.seed,
-            device=cfg.device,
-            gpu_memory_utilization=cfg.rollout.vllm_gpu_memory_utilization,
-            enforce_eager=cfg.device == "cpu",
-            sleep=cfg.rollout.vllm_sleep,
-        )
-    except EngineError as err:
-        raise ConfigError(str(err)) from None
 
 
 def writable_folder(path: str | Path) -> Path:

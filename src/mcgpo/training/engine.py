@@ -1,0 +1,57 @@
+"""The rollout engine of a training run (``rollout.engine = "vllm"``; docs/rollout.md §9).
+
+:func:`check_engine_installed` runs before any model work, :func:`rollout_engine` builds
+this rank's engine from its replica of the policy; both turn the engine's errors into
+one-line ConfigErrors.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from mcgpo.training.config import ConfigError, RunConfig
+from mcgpo.training.distributed import World
+
+__all__ = ["check_engine_installed", "rollout_engine"]
+
+
+def check_engine_installed() -> None:
+    """A one-line ConfigError when vLLM (the ``vllm`` extra) is not installed."""
+    from mcgpo.rollout.vllm_engine import EngineError, check_installed
+
+    try:
+        check_installed()
+    except EngineError as err:
+        raise ConfigError(str(err)) from None
+
+
+def rollout_engine(cfg: RunConfig, model: Any, tokenizer: Any, folder: Path, world: World) -> Any:
+    """The vLLM engine of ``rollout.engine = "vllm"``, built from this rank's replica of the
+    policy, written to ``<out>/rollout-engine`` (``-rankR`` on ranks > 0); every rank serves
+    its own groups from its own engine (docs/rollout.md). Eager on a CPU (compiled graphs
+    cost more start-up than they save there), CUDA graphs on a GPU."""
+    from mcgpo.rollout.vllm_engine import EngineError, VLLMEngine, check_vllm
+
+    try:
+        check_vllm(model, "cpu" if cfg.device == "cpu" else "cuda")
+    except EngineError as err:
+        raise ConfigError(str(err)) from None
+    limit = getattr(model.config, "max_position_embeddings", None) or 1 << 30
+    budget = cfg.rollout.max_prompt_tokens + cfg.rollout.max_new_tokens
+    name = "rollout-engine" + (f"-rank{world.rank}" if world.rank else "")
+    try:
+        return VLLMEngine.for_policy(
+            model,
+            tokenizer,
+            folder / name,
+            precision=cfg.train.precision,
+            max_model_len=min(budget, limit),
+            seed=cfg.seed,
+            device=cfg.device,
+            gpu_memory_utilization=cfg.rollout.vllm_gpu_memory_utilization,
+            enforce_eager=cfg.device == "cpu",
+            sleep=cfg.rollout.vllm_sleep,
+        )
+    except EngineError as err:
+        raise ConfigError(str(err)) from None

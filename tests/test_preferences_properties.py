@@ -36,6 +36,8 @@ def loop_preferences(
     weighting: str = "evidence",
     matching: str = "joint",
     coarse_actions: str = "coarse",
+    support: str = "direct",
+    blend: str = "first",
 ) -> list[tuple]:
     """(group, fold, plus row, minus row, weight, level), in the builder's output order."""
     split = group_size // 2 if fold_split is None else fold_split
@@ -53,16 +55,40 @@ def loop_preferences(
         rubric = (table.progress[i], table.enabled[i])
         return {"joint": (state, *rubric), "state_only": (state,), "rubric_only": rubric}[matching]
 
-    # trajectories: group -> {slot: (success, rows sorted by turn)}
+    # trajectories: group -> {slot: (success, eligible rows)}; every row of a non-errored
+    # trajectory, invalid ones included, is a visit of its state (successor support)
     trajs: dict[int, dict[int, tuple[float, list[int]]]] = {}
+    every: dict[int, dict[int, list[int]]] = {}
+    next_row: dict[tuple[int, int], int] = {}  # (traj, turn) -> row
     for i in range(len(table)):
-        if table.errored[i] or not table.action_valid[i]:
+        if table.errored[i]:
             continue
         g, s = int(table.group[i]), int(table.slot[i])
-        trajs.setdefault(g, {}).setdefault(s, (float(table.success[i]), []))[1].append(i)
+        eligible = trajs.setdefault(g, {}).setdefault(s, (float(table.success[i]), []))[1]
+        if table.action_valid[i]:
+            eligible.append(i)
+        every.setdefault(g, {}).setdefault(s, []).append(i)
+        next_row[int(table.traj[i]), int(table.turn[i])] = i
+
+    def successor(i: int, level: str) -> tuple | None:
+        # the key of the next turn of i's own trajectory; None after its last turn
+        j = next_row.get((int(table.traj[i]), int(table.turn[i]) + 1))
+        return None if j is None else key(j, level)
+
+    def blended(found: list, r: int) -> tuple[float, int]:
+        # (u, n) of r's action over the qualifying levels: u_0 + sum w (u_l - u_0) / sum w,
+        # w = (n + 3) / (p (1 - p)), p = (k + 1) / (n + 2); n = the largest level's count
+        ests = [(sum(h[r]) / len(h[r]), len(h[r])) for _, h in found]
+        u0 = ests[0][0]
+        ps = [(u * n + 1) / (n + 2) for u, n in ests]
+        w = [(n + 3) / (p * (1 - p)) for p, (_, n) in zip(ps, ests)]
+        shift = sum(wi * (u - u0) for wi, (u, _) in zip(w, ests))
+        return u0 + shift / sum(w), max(n for _, n in ests)
+
     out = []
     for g in sorted(trajs):
         members = trajs[g]
+        visited = {s: {lv: {key(i, lv) for i in every[g][s]} for lv in levels} for s in members}
         # first visits: slot -> level -> key -> row
         first: dict[int, dict[str, dict[tuple, int]]] = {}
         for s, (_, rows) in members.items():
@@ -92,38 +118,47 @@ def loop_preferences(
                         if rb is not None and act(ra, level) != act(rb, level):
                             pairs.add((ra, rb))
                 for ra, rb in pairs:
+                    found = []  # (level, evidence outcomes per row) of the qualifying levels
                     for level in levels:
                         k = key(ra, level)
                         if first[sa][level].get(k) != ra or first[sb][level].get(k) != rb:
                             continue  # the pair is not a candidate under this rule
                         if act(ra, level) == act(rb, level):
                             continue  # the same action under this rule
-                        support = {}
+                        held = {}
                         for r in (ra, rb):
-                            support[r] = [
+                            succ = successor(r, level) if support == "successor" else None
+                            held[r] = [
                                 members[j][0]
                                 for j in judges
-                                if k in first[j][level]
-                                and act(first[j][level][k], level) == act(r, level)
+                                if (
+                                    k in first[j][level]
+                                    and act(first[j][level][k], level) == act(r, level)
+                                )
+                                or (succ is not None and succ in visited[j][level])
                             ]
-                        if min(len(support[ra]), len(support[rb])) >= min_support:
-                            break
-                    else:
+                        if min(len(held[ra]), len(held[rb])) >= min_support:
+                            found.append((level, held))
+                            if blend == "first":
+                                break
+                    if not found:
                         continue  # no rule qualifies
-                    gap = np.mean(support[ra]) - np.mean(support[rb])
+                    level = found[0][0]
+                    (u_a, n_a), (u_b, n_b) = blended(found, ra), blended(found, rb)
+                    gap = u_a - u_b
                     if abs(gap) < epsilon - TOL or gap == 0:
                         continue
-                    n = min(len(support[ra]), len(support[rb]))
+                    n = min(n_a, n_b)
                     q = q_exact if level == "exact" else q_coarse
                     c = abs(gap) * n / (n + kappa) * q if weighting == "evidence" else q
                     plus, minus = (ra, rb) if gap > 0 else (rb, ra)
                     if weighting == "beta":  # c's formula is tested on closed forms apart
-                        wins = [np.array([sum(support[r])]) for r in (plus, minus)]
-                        counts = [np.array([len(support[r])]) for r in (plus, minus)]
-                        c = (
-                            float(beta_confidence(wins[0], counts[0], wins[1], counts[1], kappa)[0])
-                            * q
-                        )
+                        (u_p, n_p), (u_m, n_m) = ((u_a, n_a), (u_b, n_b))[:: 1 if gap > 0 else -1]
+                        got = beta_confidence(
+                            np.array([u_p * n_p]), np.array([n_p]), np.array([u_m * n_m]),
+                            np.array([n_m]), kappa,
+                        )  # fmt: skip
+                        c = float(got[0]) * q
                     ta, tb = int(table.turn[ra]), int(table.turn[rb])
                     comparisons.append(
                         (min(ta, tb), max(ta, tb), ta, sa, sb, plus, minus, c, level)
@@ -203,6 +238,8 @@ OPTIONS = st.fixed_dictionaries(
         "weighting": st.sampled_from(["evidence", "uniform", "beta"]),
         "matching": st.sampled_from(["joint", "state_only", "rubric_only"]),
         "coarse_actions": st.sampled_from(["coarse", "exact"]),
+        "support": st.sampled_from(["direct", "successor"]),
+        "blend": st.sampled_from(["first", "inverse_variance"]),
     }
 )
 
@@ -229,6 +266,10 @@ def test_loop_equals_vectorised(table, options):
         {"evidence": "leave_pair_out"},
         {"evidence": "leave_pair_out", "weighting": "beta", "max_per_fold": None},
         {"weighting": "beta", "kappa": 2.0},
+        {"support": "successor"},
+        {"blend": "inverse_variance", "coarse_actions": "exact"},
+        {"support": "successor", "blend": "inverse_variance", "evidence": "leave_pair_out"},
+        {"support": "successor", "blend": "inverse_variance", "weighting": "beta"},
     ],
 )
 def test_loop_equals_vectorised_on_synthetic_batches(seed, options):

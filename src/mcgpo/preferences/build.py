@@ -24,21 +24,27 @@ Departures from the seed (which is all that is known of the paper), and why:
   ``2 * max_per_fold`` (the two folds' budget).
 * ``weighting="beta"`` (ours): c = 2 P(u+ > u-) - 1 under Beta posteriors with a prior at
   the context's held-out success rate (:func:`beta_confidence`), times q_level.
+* ``support="successor"`` (ours): an action's evidence also counts the held-out trajectories
+  that visited the state it leads to (:mod:`~mcgpo.preferences.successor`);
+  ``blend="inverse_variance"`` (ours): the supported levels' values are blended by their
+  precision instead of "first rule wins" (:mod:`~mcgpo.preferences.blending`).
 * A gap of exactly 0 has no direction and is dropped even when ``epsilon = 0``; ``|Delta_u|``
   is compared with ``epsilon - 1e-12`` so that fractions such as 7/12 - 1/3 meet 0.25.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from mcgpo.preferences.allocation import allocate
+from mcgpo.preferences.blending import blend_levels
 from mcgpo.preferences.confidence import beta_confidence
 from mcgpo.preferences.matching import Decisions, decisions, level_keys, level_pairs
 from mcgpo.preferences.options import PreferenceOptions
+from mcgpo.preferences.successor import successor_support
 from mcgpo.steps import StepTable
 
 __all__ = ["Preferences", "beta_confidence", "build_preferences"]
@@ -95,7 +101,7 @@ def build_preferences(
         raise TypeError(f"build_preferences expects a StepTable, got {type(table).__name__}")
     opts = options if options is not None else PreferenceOptions.from_kwargs(kwargs)
     dec = decisions(table, opts)
-    cand = _match(table, dec, opts)
+    cand = _evidence(table, dec, opts)
     resolved, n_candidates = _resolve(cand, len(dec.row), opts.min_support)
     labelled = _label(cand.gap, resolved, opts.epsilon)
     kept = labelled[_allocate(dec, cand, labelled, opts)]
@@ -141,10 +147,27 @@ def build_preferences(
     )
 
 
-def _match(table: StepTable, dec: Decisions, opts: PreferenceOptions) -> _Candidates:
-    """Candidate pairs of every rule level with their evidence, stacked in level order."""
+def _evidence(table: StepTable, dec: Decisions, opts: PreferenceOptions) -> _Candidates:
+    """Candidate pairs of every rule level with their evidence, stacked in level order; with
+    ``blend="inverse_variance"`` each supported candidate carries its pair's blended values."""
     keys = level_keys(table, dec, opts.matching)
     parts = [level_pairs(dec, key, action, opts.evidence) for _, key, action in keys]
+    if opts.support == "successor":
+        parts = successor_support(table, dec, parts, [action for _, _, action in keys], opts)
+    cand = _stack(parts, [name for name, _, _ in keys])
+    if opts.blend == "first":
+        return cand
+    supported = (cand.support_a >= opts.min_support) & (cand.support_b >= opts.min_support)
+    pair = cand.a * max(len(dec.row), 1) + cand.b  # the row-pair code of _resolve
+    value_a, n_a = blend_levels(pair, cand.level, supported, cand.value_a, cand.support_a)
+    value_b, n_b = blend_levels(pair, cand.level, supported, cand.value_b, cand.support_b)
+    return replace(
+        cand, value_a=value_a, value_b=value_b, support_a=n_a, support_b=n_b,
+        gap=value_a - value_b,
+    )  # fmt: skip
+
+
+def _stack(parts: list, level_names: list[str]) -> _Candidates:
     return _Candidates(
         a=np.concatenate([p.a for p in parts]),
         b=np.concatenate([p.b for p in parts]),
@@ -154,7 +177,7 @@ def _match(table: StepTable, dec: Decisions, opts: PreferenceOptions) -> _Candid
         gap=np.concatenate([p.value_a - p.value_b for p in parts]),
         value_a=np.concatenate([p.value_a for p in parts]),
         value_b=np.concatenate([p.value_b for p in parts]),
-        level_names=[name for name, _, _ in keys],
+        level_names=level_names,
     )
 
 

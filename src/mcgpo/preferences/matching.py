@@ -19,7 +19,14 @@ from mcgpo.grouping import combine_codes, value_codes
 from mcgpo.preferences.options import PreferenceOptions
 from mcgpo.steps import StepTable
 
-__all__ = ["Decisions", "LevelPairs", "decisions", "level_keys", "level_pairs"]
+__all__ = [
+    "Decisions",
+    "LevelPairs",
+    "context_keys",
+    "decisions",
+    "level_keys",
+    "level_pairs",
+]
 
 
 @dataclass(frozen=True)
@@ -74,25 +81,36 @@ def coarse_action_codes(texts: np.ndarray, mode: str, exact: np.ndarray) -> np.n
     return coarse_rank[exact]
 
 
+def context_keys(table: StepTable, rows: np.ndarray, matching: str) -> list[np.ndarray]:
+    """Context-key codes of ``rows`` (``[len(rows)]`` each) for every rule level, in the
+    order they are tried.
+
+    joint: exact g = (h(s), C, F), coarse g = (h_coarse(s), C, F); state_only drops C and F;
+    rubric_only keys on (C, F) alone, where both rules coincide, so only one level is built.
+    Every key includes the group: contexts are only matched among siblings. Two rows share
+    a code iff their key fields are equal, whichever ``rows`` are passed.
+    """
+    group = value_codes(table.group[rows])
+    rubric = [value_codes(table.progress[rows]), value_codes(table.enabled[rows])]
+    if matching == "rubric_only":
+        return [combine_codes(group, *rubric)]
+    extra = rubric if matching == "joint" else []
+    exact = combine_codes(group, value_codes(table.state[rows]), *extra)
+    coarse_key = combine_codes(group, value_codes(table.state_coarse[rows]), *extra)
+    return [exact, coarse_key]
+
+
 def level_keys(
     table: StepTable, dec: Decisions, matching: str
 ) -> list[tuple[str, np.ndarray, np.ndarray]]:
     """(level name, context-key code, action code) per decision row for each rule level, in
-    the order they are tried.
-
-    joint: exact g = (h(s), C, F), coarse g = (h_coarse(s), C, F); state_only drops C and F;
-    rubric_only keys on (C, F) alone, where both rules coincide, so only "exact" is tried.
-    Every key includes the group: contexts are only matched among siblings. The exact level
-    compares action texts as they are, the coarse level ``dec.action_coarse``.
+    the order they are tried (keys: :func:`context_keys`). The exact level compares action
+    texts as they are, the coarse level ``dec.action_coarse``.
     """
-    rows = dec.row
-    rubric = [value_codes(table.progress[rows]), value_codes(table.enabled[rows])]
+    keys = context_keys(table, dec.row, matching)
     if matching == "rubric_only":
-        return [("exact", combine_codes(dec.group, *rubric), dec.action)]
-    extra = rubric if matching == "joint" else []
-    exact = combine_codes(dec.group, value_codes(table.state[rows]), *extra)
-    coarse_key = combine_codes(dec.group, value_codes(table.state_coarse[rows]), *extra)
-    return [("exact", exact, dec.action), ("coarse", coarse_key, dec.action_coarse)]
+        return [("exact", keys[0], dec.action)]
+    return [("exact", keys[0], dec.action), ("coarse", keys[1], dec.action_coarse)]
 
 
 @dataclass(frozen=True)

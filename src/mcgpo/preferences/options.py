@@ -13,9 +13,11 @@ from dataclasses import dataclass
 from mcgpo.options import Options, is_int, option
 
 __all__ = [
+    "BLEND_MODES",
     "COARSE_ACTION_MODES",
     "EVIDENCE_MODES",
     "MATCHING_MODES",
+    "SUPPORT_MODES",
     "WEIGHTING_MODES",
     "PreferenceOptions",
 ]
@@ -24,6 +26,8 @@ EVIDENCE_MODES = ("opposite_fold", "same_fold", "pooled", "leave_pair_out")
 WEIGHTING_MODES = ("evidence", "uniform", "beta")
 MATCHING_MODES = ("joint", "state_only", "rubric_only")
 COARSE_ACTION_MODES = ("coarse", "exact")
+SUPPORT_MODES = ("direct", "successor")
+BLEND_MODES = ("first", "inverse_variance")
 
 
 @dataclass(frozen=True)
@@ -58,6 +62,16 @@ class PreferenceOptions(Options):
     coarse_actions: str = option(
         "coarse", "coarse rule drops actions' instance numbers as h_coarse does; exact: keeps them"
     )
+    support: str = option(
+        "direct",
+        "evidence for an action: the held-out trajectories that took it at the context; "
+        "successor: also those that visited the state it leads to (the next turn's key)",
+    )
+    blend: str = option(
+        "first",
+        "the first rule level with support labels a pair; inverse_variance: the supported "
+        "levels' values blended by 1 / (Beta posterior variance)",
+    )
 
     def __post_init__(self) -> None:
         n = self.group_size
@@ -75,6 +89,8 @@ class PreferenceOptions(Options):
             ("weighting", WEIGHTING_MODES),
             ("matching", MATCHING_MODES),
             ("coarse_actions", COARSE_ACTION_MODES),
+            ("support", SUPPORT_MODES),
+            ("blend", BLEND_MODES),
         ):
             value = getattr(self, name)
             if value not in allowed:

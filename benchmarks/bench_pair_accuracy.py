@@ -64,6 +64,20 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "leave_pair_out+beta": {"evidence": "leave_pair_out", "weighting": "beta"},
     "paper, no cap": {"max_per_fold": None},
     "leave_pair_out, no cap": {"evidence": "leave_pair_out", "max_per_fold": None},
+    # successor-state support and inverse-variance level blending (ours, detail 12b)
+    "successor": {"support": "successor"},
+    "successor+ivw": {"support": "successor", "blend": "inverse_variance"},
+    "leave_pair_out+successor+ivw": {
+        "evidence": "leave_pair_out",
+        "support": "successor",
+        "blend": "inverse_variance",
+    },
+    "leave_pair_out+beta+successor+ivw": {
+        "evidence": "leave_pair_out",
+        "weighting": "beta",
+        "support": "successor",
+        "blend": "inverse_variance",
+    },
 }
 
 

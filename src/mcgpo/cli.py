@@ -290,7 +290,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             if launched_world_size() == 1:  # the --nproc shortcut: start the N processes
                 check_world(cfg, cfg.nproc, command)  # a bad world setting: one line, exit 2
                 return launch_local(cfg.nproc, argv)
-        return _run(command, cfg, " ".join(["mcgpo", *argv]))
+        code = _run(command, cfg, " ".join(["mcgpo", *argv]))
+        if os.environ.get("WORLD_SIZE", "1") != "1":  # a torchrun rank: see leave_launched_process
+            from mcgpo.training.distributed import leave_launched_process
+
+            leave_launched_process(code)
+        return code
     except (UsageError, ConfigError) as err:
         command = argv[0] if argv and argv[0] in COMMANDS else ""
         print(f"mcgpo{' ' + command if command else ''}: error: {err}", file=sys.stderr)

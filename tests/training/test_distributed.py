@@ -9,6 +9,7 @@ policy only), which keeps them independent of that rule.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -429,3 +430,47 @@ def test_exchange_objects_on_one_process_and_a_wrong_count():
     assert exchange_objects(["a"], World()) == ["a"]
     with pytest.raises(ValueError, match="outgoing has 1 entries for 2 ranks"):
         exchange_objects(["a"], World(0, 2))
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_joined_world_leaves_together_only_when_the_command_finished(monkeypatch, fails):
+    """W > 1: a finished command meets the other ranks at a barrier before the process group
+    is destroyed (no rank tears down its connections while another still has collectives
+    queued); a failed one destroys at once (a barrier would wait for ranks that moved on)."""
+    import torch.distributed as dist
+
+    from mcgpo.training import distributed
+    from mcgpo.training.config import RunConfig
+    from mcgpo.training.distributed import World, joined_world
+
+    calls: list[str] = []
+    monkeypatch.setattr(distributed, "init_world", lambda cfg, kind: (cfg, World(1, 2, 1)))
+    monkeypatch.setattr(dist, "barrier", lambda *a, **k: calls.append("barrier"))
+    monkeypatch.setattr(dist, "destroy_process_group", lambda *a: calls.append("destroy"))
+    with contextlib.suppress(RuntimeError), joined_world(RunConfig()) as (_, world):
+        assert world.size == 2
+        if fails:
+            raise RuntimeError("a rank's command failed")
+    assert calls == (["destroy"] if fails else ["barrier", "destroy"])
+
+
+def test_a_launched_rank_exits_with_its_code_and_flushed_output(tmp_path):
+    """leave_launched_process skips the interpreter shutdown (it races gloo's worker
+    threads, see its docstring) but keeps the exit code and what the rank printed; atexit
+    handlers do not run (the reason it exists), so nothing may rely on them."""
+    script = (
+        "import atexit, sys\n"
+        "from mcgpo.training.distributed import leave_launched_process\n"
+        "atexit.register(lambda: print('atexit ran'))\n"
+        "print('summary without newline', end='')\n"
+        "print('an error line', file=sys.stderr, end='')\n"
+        "leave_launched_process(3)\n"
+        "print('not reached')\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2] / "src")}
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 3
+    assert done.stdout == "summary without newline"
+    assert done.stderr == "an error line"

@@ -76,7 +76,7 @@ import numpy as np
 import torch.distributed as dist
 from setup_problem import problem
 from mcgpo.training.distributed import (
-    current_world, distributed_learner, copy_full_weights, rank_block,
+    current_world, distributed_learner, copy_full_weights, rank_block, leave_launched_process,
 )
 from mcgpo.training.update import PairBatch, update_policy
 
@@ -102,7 +102,11 @@ if world.rank == 0:
 # each rank writes its own file: two ranks' prints on one shared pipe can interleave
 with open(f"{out}.rank{world.rank}.json", "w") as f:
     json.dump({"used": stats["pairs/used"], "split": stats["pairs/split_micro"]}, f)
+# as mcgpo's own ranks end (distributed.joined_world, leave_launched_process): together,
+# and without the interpreter shutdown that races gloo's release of finished work (SIGABRT)
+dist.barrier()
 dist.destroy_process_group()
+leave_launched_process(0)
 """
 
 

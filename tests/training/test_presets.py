@@ -87,3 +87,33 @@ def test_paper_preset_comments_name_the_sources(name):
     if name != "webshop-paper-qwen3":  # the variant points to webshop-paper for the sources
         for source in ("MCGPO", "GraphGPO", "verl-agent", "ours", "valid_seen"):
             assert source in comment, source
+
+
+def _flat(value, prefix=""):
+    """{dotted key: leaf} of a nested dict (a config's dataclasses.asdict)."""
+    if isinstance(value, dict):
+        out = {}
+        for key, inner in value.items():
+            out.update(_flat(inner, f"{prefix}{key}."))
+        return out
+    return {prefix.rstrip("."): value}
+
+
+def test_household_mid_is_household_quick_with_the_changes_its_comment_names():
+    """issue 25's preset (MCGPO's regime) changes exactly what its comment says: no
+    distractors, four task types, 25 turns, 12 SFT epochs; everything else is
+    household-quick's, so the two compare."""
+    quick = _flat(dataclasses.asdict(preset("household-quick")))
+    mid = _flat(dataclasses.asdict(preset("household-mid")))
+    changed = {k for k in quick.keys() | mid.keys() if quick.get(k) != mid.get(k)}
+    assert changed == {
+        "env.max_turns", "env.options.n_distractors", "env.options.task_types",
+        "sft.epochs",
+    }  # fmt: skip
+    assert (mid["env.max_turns"], mid["env.options.n_distractors"], mid["sft.epochs"]) == (
+        25, 0, 12,
+    )  # fmt: skip
+    assert sorted(mid["env.options.task_types"]) == [
+        "look_at_obj_in_light", "pick_and_place_simple", "pick_cool_then_place_in_recep",
+        "pick_heat_then_place_in_recep",
+    ]  # fmt: skip

@@ -10,7 +10,8 @@ points.
 * ``ablate``: MCGPO's controls (seed 000, "Factorial controls"): opposite-fold vs same-fold
   vs pooled evidence; evidence weighting vs uniform; joint vs state-only vs rubric-only
   matching; exact vs coarse action identity at the coarse level; and GraphGPO + shaping,
-  next to GraphGPO and default MCGPO. Its results.md adds each row's paired difference
+  next to GraphGPO and default MCGPO; and issue 25's leave-pair-out + Beta labels
+  (``mcgpo/leave_pair_out+beta``, ours). Its results.md adds each row's paired difference
   against default MCGPO (the method a control changes) to the one against GraphGPO.
 * ``sweep``: one hyper-parameter of MCGPO at a time around the defaults (epsilon, kappa,
   q_coarse, lambda_pair).
@@ -62,6 +63,19 @@ ABLATIONS: tuple[Variant, ...] = (
         ("--algo.name", "mcgpo", "--algo.pairs.coarse_actions", "exact"),
     ),
     Variant("graphgpo+shaping", ("--algo.name", "graphgpo_shaping")),
+    # issue 25's label variant (ours): leave-pair-out evidence and Beta-posterior confidence,
+    # the one docs/results/mcgpo-label-variants.md's pre-registered rule sends to training
+    Variant(
+        "mcgpo/leave_pair_out+beta",
+        (
+            "--algo.name",
+            "mcgpo",
+            "--algo.pairs.evidence",
+            "leave_pair_out",
+            "--algo.pairs.weighting",
+            "beta",
+        ),
+    ),
 )
 
 # one parameter at a time; the first value of each list is the default

@@ -3,6 +3,7 @@
     cd benchmarks && python bench_pair_accuracy.py [--groups 32 | --budget 1024] [--sizes 8 16]
                      [--k 16] [--noise 0.2 0.4 0.6] [--envs household webshop]
                      [--value success] [--variants | --variants-only]
+                     [--model FOLDER [--preset household-mid] [--seed 0]]
 
 Rollouts are those of bench_coverage.py (noisy-expert siblings, ``play_group``): no model is
 trained or sampled. Both environments are deterministic given the task seed and the action
@@ -23,6 +24,10 @@ candidates the defaults drop (recovered from a relaxed builder, see there) and t
 same-fold-evidence control. With ``--variants`` every label variant of :data:`VARIANTS` is
 judged on the same rollouts and continuation streams, by its *signal per group*: the sum of
 c (Q+ - Q-) over its pairs per group, with a bootstrap over groups (:func:`signal_per_group`).
+With ``--model`` (the trained-policy mode, pair_accuracy_policy.py) the siblings are sampled
+from a policy folder with ``--preset``'s environment and rollout settings, and the
+continuations come from the same policy after replaying the row's prefix (the prompt the
+row was sampled from is rebuilt exactly); one cell per N, no noise levels.
 docs/results/pair-accuracy.md describes the method and results.
 """
 
@@ -33,8 +38,9 @@ import datetime
 import os
 import platform
 import random
+import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,6 +51,7 @@ from bench_coverage import ENVS, play_episode, play_group
 from machine import cpu_name
 from mcgpo.envs.webshop.env import SEARCH_PLACEHOLDER
 from mcgpo.preferences.options import PreferenceOptions
+from pair_accuracy_policy import PolicyOracle, load_policy_setup, policy_rollouts
 
 # build_preferences settings whose outputs make up the pair sets (group_size is added)
 SETTINGS: dict[str, dict[str, Any]] = {
@@ -289,7 +296,7 @@ def signal_per_group(
 
 
 def variant_rows(
-    table: mcgpo.StepTable, oracle: Oracle, size: int, groups: int, col: int
+    table: mcgpo.StepTable, oracle: Any, size: int, groups: int, col: int
 ) -> list[tuple[str, float, dict, dict, dict]]:
     """(variant, pairs per group, own-state accuracy summary, signal per group, paired
     difference of the signal per group against ``paper``) of every :data:`VARIANTS` entry on
@@ -346,16 +353,60 @@ def cell(
     env_name: str, size: int, noise: float, groups: int, k: int, value: str,
     variants: bool = False, sets: bool = True,
 ) -> Cell:  # fmt: skip
-    """Judge every pair set of one cell: every set over all pairs; kept and same_fold also
-    by rule level and by support (splits without pairs are left out); with ``variants``
-    also every label variant (:func:`variant_rows`); ``sets=False`` skips the pair sets."""
+    """One noisy-expert cell: the rollouts of bench_coverage.py, judged by :func:`judge_cell`."""
     env = mcgpo.make_env(env_name, **ENVS[env_name])
     table = rollouts(env, groups, size, noise)
     oracle = Oracle(env, table, {g: g for g in range(groups)}, noise, k)
+    return judge_cell(table, oracle, size, groups, value, variants=variants, sets=sets)
+
+
+def policy_cell(
+    policy: Any, groups: int, k: int, value: str, variants: bool = False, sets: bool = True,
+    seed: int = 0,
+) -> Cell:  # fmt: skip
+    """One trained-policy cell (``--model``): siblings and continuations from ``policy``
+    (pair_accuracy_policy.py), judged by :func:`judge_cell`."""
+    table = policy_rollouts(policy, groups).learnable().table
+    oracle = PolicyOracle(policy, table, k, seed=seed)
+    return judge_cell(
+        table, oracle, policy.options.group_size, groups, value, variants=variants, sets=sets
+    )
+
+
+def judged_sets(table: mcgpo.StepTable, size: int, variants: bool, sets: bool) -> list[PairSet]:
+    """Every pair set one cell judges: the sets of :func:`pair_sets` and the variants'."""
+    out = pair_sets(table, size)[0] if sets else []
+    for options in VARIANTS.values() if variants else {}:
+        prefs = mcgpo.build_preferences(table, group_size=size, **options)
+        out.append(PairSet("variant", prefs.plus, prefs.minus, prefs.level, prefs.support))
+    return out
+
+
+def needed_keys(oracle: Any, sets: list[PairSet]) -> set[tuple[int, str]]:
+    """The (row, action) keys :func:`judge` asks of ``oracle`` for ``sets``."""
+    action, keys = oracle.table.action, set()
+    for pairs in sets:
+        for rp, rm in zip(pairs.plus.tolist(), pairs.minus.tolist()):
+            keys |= {(rp, str(action[rp])), (rm, str(action[rm]))}
+            if admissible(oracle.state(rp), str(action[rm])):
+                keys.add((rp, str(action[rm])))
+    return keys
+
+
+def judge_cell(
+    table: mcgpo.StepTable, oracle: Any, size: int, groups: int, value: str,
+    variants: bool = False, sets: bool = True,
+) -> Cell:  # fmt: skip
+    """Judge every pair set of one cell: every set over all pairs; kept and same_fold also
+    by rule level and by support (splits without pairs are left out); with ``variants``
+    also every label variant (:func:`variant_rows`); ``sets=False`` skips the pair sets.
+    An oracle with a ``prefetch`` method gets every key it will be asked first."""
     col = {"success": 0, "score": 1}[value]
-    judged_sets, counts = pair_sets(table, size)
+    if hasattr(oracle, "prefetch"):
+        oracle.prefetch(needed_keys(oracle, judged_sets(table, size, variants, sets)))
+    judged_list, counts = pair_sets(table, size)
     rows = []
-    for pairs in judged_sets if sets else []:
+    for pairs in judged_list if sets else []:
         judged = judge(oracle, pairs)
         for split in SPLITS if pairs.name in ("kept", "same_fold") else SPLITS[:1]:
             m = split_mask(pairs, split)
@@ -389,10 +440,23 @@ def _arguments() -> argparse.Namespace:
         "--sizes", type=int, nargs="+", default=[8, 16], help="group sizes N (even)"
     )
     parser.add_argument(
-        "--noise", type=float, nargs="+", default=[0.2, 0.4, 0.6], help="noise levels in [0, 1]"
-    )
+        "--noise", type=float, nargs="+", default=None,
+        help="noise levels in [0, 1] of the noisy expert (default 0.2 0.4 0.6; not with --model)",
+    )  # fmt: skip
     parser.add_argument("--k", type=int, default=16, help="Monte-Carlo continuations per Q")
-    parser.add_argument("--envs", nargs="+", default=list(ENVS), choices=list(ENVS))
+    parser.add_argument(
+        "--envs", nargs="+", default=None, choices=list(ENVS),
+        help="environments of the noisy expert (default: all; not with --model)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--model", default=None,
+        help="a policy folder: siblings and continuations sampled from it (trained-policy "
+        "mode; the environment and rollout settings are --preset's)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--preset", default="household-mid", help="with --model: the preset it was trained with"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="with --model: the sampling seed")
     parser.add_argument(
         "--value", default="success", choices=["success", "score"], help="Q = mean of this"
     )
@@ -411,15 +475,56 @@ def _arguments() -> argparse.Namespace:
         parser.error(f"--budget {args.budget} must be a multiple of every N in --sizes")
     if any(n < 2 or n % 2 for n in args.sizes):
         parser.error(f"--sizes must be even integers >= 2, got {args.sizes}")
+    if args.model is not None:
+        for name in ("noise", "envs"):
+            if getattr(args, name) is not None:
+                parser.error(f"--{name} applies to the noisy expert, not to --model")
+    args.noise = [0.2, 0.4, 0.6] if args.noise is None else args.noise
+    args.envs = list(ENVS) if args.envs is None else args.envs
     if any(not 0 <= x <= 1 for x in args.noise):
         parser.error(f"--noise must lie in [0, 1], got {args.noise}")
     return args
 
 
+def _policies(args: argparse.Namespace) -> dict[int, Any]:
+    """With ``--model``: the policy setup per group size (a bad folder, preset or option is
+    one line on stderr and exit 2, before anything is printed)."""
+    try:
+        return {
+            size: load_policy_setup(args.model, args.preset, size=size, seed=args.seed)
+            for size in (args.sizes if args.model else [])
+        }
+    except ValueError as err:
+        print(f"bench_pair_accuracy.py: error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def _cells(
+    args: argparse.Namespace, policies: Mapping[int, Any]
+) -> Iterator[tuple[str, int, str, Cell, int]]:
+    """(env, N, noise label, cell, groups) of every cell the arguments ask for, in order."""
+    variants, sets = args.variants or args.variants_only, not args.variants_only
+    for size, policy in policies.items():
+        groups = args.groups if args.budget is None else args.budget // size
+        c = policy_cell(policy, groups, args.k, args.value, variants, sets, seed=args.seed)
+        yield f"{args.preset} (policy)", size, "policy", c, groups
+    for env_name in [] if args.model else args.envs:
+        for size in args.sizes:
+            for noise in args.noise:
+                groups = args.groups if args.budget is None else args.budget // size
+                c = cell(env_name, size, noise, groups, args.k, args.value, variants, sets)
+                yield env_name, size, f"{noise:.1f}", c, groups
+
+
 def main() -> None:
     args = _arguments()
+    policies = _policies(args)
+    source = (
+        f"siblings and continuations sampled from {args.model} ({args.preset}, seed {args.seed})"
+        if args.model else "noisy-expert rollouts"
+    )  # fmt: skip
     print(
-        "MCGPO pair accuracy, noisy-expert rollouts, "
+        f"MCGPO pair accuracy, {source}, "
         + (f"{args.groups} tasks" if args.budget is None else f"{args.budget} trajectories")
         + " per cell, "
         f"Q = mean {args.value} of {args.k} continuations, build_preferences defaults; "
@@ -434,55 +539,52 @@ def main() -> None:
     print("|---" * 16 + "|")
     start = time.perf_counter()
     cells = []
-    for env_name in args.envs:
-        for size in args.sizes:
-            for noise in args.noise:
-                groups = args.groups if args.budget is None else args.budget // size
-                c = cell(
-                    env_name, size, noise, groups, args.k, args.value,
-                    variants=args.variants or args.variants_only, sets=not args.variants_only,
-                )  # fmt: skip
-                cells.append((env_name, size, noise, c, groups))
-                for name, split, own, same in c.rows:
-                    print(
-                        f"| {env_name} | {size} | {noise:.1f} | {100 * c.success:.1f} | {name} "
-                        f"| {split} | {_fmt(own)} | {_fmt(same)} |",
-                        flush=True,
-                    )
+    for env_name, size, noise, c, groups in _cells(args, policies):
+        cells.append((env_name, size, noise, c, groups))
+        for name, split, own, same in c.rows:
+            print(
+                f"| {env_name} | {size} | {noise} | {100 * c.success:.1f} | {name} "
+                f"| {split} | {_fmt(own)} | {_fmt(same)} |",
+                flush=True,
+            )
     print("\nCandidates per group (default builder; tied = below-eps drops with a gap of 0)\n")
     print("| env | N | noise | candidates | kept | no support | below eps | tied | allocation |")
     print("|---" * 9 + "|")
     for env_name, size, noise, c, _ in cells:
         n = c.counts
         print(
-            f"| {env_name} | {size} | {noise:.1f} | {n['candidates']:.2f} | {n['kept']:.2f} "
+            f"| {env_name} | {size} | {noise} | {n['candidates']:.2f} | {n['kept']:.2f} "
             f"| {n['no_support']:.2f} | {n['below_eps']:.2f} | {n['tied']:.2f} "
             f"| {n['allocation']:.2f} |"
         )
     if any(c.variants for *_, c, _ in cells):
-        print(
-            "\nLabel variants (same rollouts, same continuation streams; own-state Q; signal "
-            "= sum of c (Q+ - Q-) per group, 95 % bootstrap over groups)\n"
-        )
-        print("| env | N | groups | noise | success % | variant | pairs / group | n | right % "
-              "| tie % | wrong % | mean Q+ - Q- | signal / group [95 % CI] | signal / 8 traj "
-              "| minus paper [95 % CI, paired] |")  # fmt: skip
-        print("|---" * 15 + "|")
-        for env_name, size, noise, c, groups in cells:
-            for name, per_group, own, sig, vs in c.variants:
-                acc = (
-                    f"{own['n']} | {100 * own['right']:.0f} | {100 * own['tie']:.0f} | "
-                    f"{100 * own['wrong']:.0f} | {own['mean']:+.3f}"
-                    if own["n"] else "0 | – | – | – | –"
-                )  # fmt: skip
-                print(
-                    f"| {env_name} | {size} | {groups} | {noise:.1f} | {100 * c.success:.1f} "
-                    f"| {name} | {per_group:.2f} | {acc} | {sig['mean']:+.4f} "
-                    f"[{sig['lo']:+.4f}, {sig['hi']:+.4f}] | {sig['mean'] * 8 / size:+.4f} "
-                    f"| {vs['mean']:+.4f} [{vs['lo']:+.4f}, {vs['hi']:+.4f}] |",
-                    flush=True,
-                )
+        _print_variants(cells)
     print(f"\n{time.perf_counter() - start:.0f} s")
+
+
+def _print_variants(cells: list[tuple[str, int, str, Cell, int]]) -> None:
+    print(
+        "\nLabel variants (same rollouts, same continuation streams; own-state Q; signal "
+        "= sum of c (Q+ - Q-) per group, 95 % bootstrap over groups)\n"
+    )
+    print("| env | N | groups | noise | success % | variant | pairs / group | n | right % "
+          "| tie % | wrong % | mean Q+ - Q- | signal / group [95 % CI] | signal / 8 traj "
+          "| minus paper [95 % CI, paired] |")  # fmt: skip
+    print("|---" * 15 + "|")
+    for env_name, size, noise, c, groups in cells:
+        for name, per_group, own, sig, vs in c.variants:
+            acc = (
+                f"{own['n']} | {100 * own['right']:.0f} | {100 * own['tie']:.0f} | "
+                f"{100 * own['wrong']:.0f} | {own['mean']:+.3f}"
+                if own["n"] else "0 | – | – | – | –"
+            )  # fmt: skip
+            print(
+                f"| {env_name} | {size} | {groups} | {noise} | {100 * c.success:.1f} "
+                f"| {name} | {per_group:.2f} | {acc} | {sig['mean']:+.4f} "
+                f"[{sig['lo']:+.4f}, {sig['hi']:+.4f}] | {sig['mean'] * 8 / size:+.4f} "
+                f"| {vs['mean']:+.4f} [{vs['lo']:+.4f}, {vs['hi']:+.4f}] |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

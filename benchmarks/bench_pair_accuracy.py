@@ -51,7 +51,12 @@ from bench_coverage import ENVS, play_episode, play_group
 from machine import cpu_name
 from mcgpo.envs.webshop.env import SEARCH_PLACEHOLDER
 from mcgpo.preferences.options import PreferenceOptions
-from pair_accuracy_policy import PolicyOracle, load_policy_setup, policy_rollouts
+from pair_accuracy_policy import (
+    PolicyOracle,
+    load_policy_setup,
+    policy_rollouts,
+    trajectory_actions,
+)
 
 # build_preferences settings whose outputs make up the pair sets (group_size is added)
 SETTINGS: dict[str, dict[str, Any]] = {
@@ -185,10 +190,7 @@ class Oracle:
         if missing:
             raise ValueError(f"Oracle: no task seed for group {missing[0]} in tasks")
         self.env, self.table, self.tasks, self.noise, self.k = env, table, tasks, noise, k
-        # trajectory id -> actions in turn order (a StepTable's turns are 0, 1, 2, ...)
-        self._actions: dict[int, list[str]] = {}
-        for r in np.lexsort((table.turn, table.traj)).tolist():
-            self._actions.setdefault(int(table.traj[r]), []).append(str(table.action[r]))
+        self._actions = trajectory_actions(table)
         self._cache: dict[tuple[int, str], np.ndarray] = {}
 
     def prefix(self, row: int) -> list[str]:

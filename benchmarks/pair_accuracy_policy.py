@@ -188,6 +188,14 @@ def stream(seed: int, task: int, row: int, i: int, device: Any = "cpu") -> torch
     return torch.Generator(device=device).manual_seed(int(state))
 
 
+def trajectory_actions(table: mcgpo.StepTable) -> dict[int, list[str]]:
+    """Trajectory id -> its actions in turn order (a StepTable's turns are 0, 1, 2, ...)."""
+    out: dict[int, list[str]] = {}
+    for r in np.lexsort((table.turn, table.traj)).tolist():
+        out.setdefault(int(table.traj[r]), []).append(str(table.action[r]))
+    return out
+
+
 class PolicyOracle:
     """Monte-Carlo Q(s, a) under the policy at the states of a rollout table's rows, cached
     per (row, action); the duck type of bench_pair_accuracy's ``Oracle`` (``table``,
@@ -200,9 +208,7 @@ class PolicyOracle:
         if k < 1:
             raise ValueError(f"PolicyOracle: k must be >= 1 continuations, got {k}")
         self.policy, self.table, self.k, self.seed, self.block = policy, table, k, seed, block
-        self._actions: dict[int, list[str]] = {}
-        for r in np.lexsort((table.turn, table.traj)).tolist():
-            self._actions.setdefault(int(table.traj[r]), []).append(str(table.action[r]))
+        self._actions = trajectory_actions(table)
         self._cache: dict[tuple[int, str], np.ndarray] = {}
         self._states: dict[int, Any] = {}
         self.continuations = 0  # episodes played so far (the cost)

@@ -174,6 +174,9 @@ def test_bad_input_is_refused():
         (["--k", "0"], "--k must be >= 1"),
         (["--sizes", "7"], "--sizes must be even"),
         (["--noise", "1.5"], "--noise must lie in [0, 1]"),
+        # the trained-policy mode (--model) has no noisy expert
+        (["--model", "m", "--noise", "0.2"], "--noise applies to the noisy expert"),
+        (["--model", "m", "--envs", "household"], "--envs applies to the noisy expert"),
     ],
 )
 def test_cli_answers_bad_arguments_with_exit_2(monkeypatch, capsys, argv, message):

@@ -1,10 +1,11 @@
 """benchmarks/pair_accuracy_policy.py: the trained-policy mode of bench_pair_accuracy.py.
 
-A micro policy (1 layer, 32 wide, random weights) on household-smoke with 6 turns and a
-2-turn history: what is tested is that a replayed row is the row the rollout sampled (the
-same prompt ids), that the continuation loop is the rollout's own sampling (the same
-actions from the same generator, whatever the batch), and that Q is the mean over the k
-continuations of a key, computed the same in one batched prefetch as key by key.
+The micro policy of tests/conftest.py (1 layer, 32 wide, random weights) on household-smoke
+with 6 turns and a 2-turn history: what is tested is that a replayed row is the row the
+rollout sampled (the same prompt ids), that the continuation loop is the rollout's own
+sampling (the same actions from the same generator, whatever the batch), and that Q is the
+mean over the k continuations of a key, computed the same in one batched prefetch as key
+by key.
 """
 
 from __future__ import annotations
@@ -26,21 +27,9 @@ OVERRIDES = ("--env.max_turns", "6", "--rollout.history", "2")
 
 
 @pytest.fixture(scope="module")
-def micro_policy(tmp_path_factory) -> str:
-    from mcgpo.policy import build_tiny_policy, save_policy
-    from mcgpo.rollout import environment_corpus
-
-    model, tokenizer = build_tiny_policy(
-        environment_corpus(("household",), episodes=8), seed=0, hidden_size=32, num_layers=1,
-        num_heads=2, num_kv_heads=1,
-    )  # fmt: skip
-    return str(save_policy(model, tokenizer, tmp_path_factory.mktemp("policy") / "micro"))
-
-
-@pytest.fixture(scope="module")
-def policy(micro_policy):
+def policy(micro_model):
     return pap.load_policy_setup(
-        micro_policy, "household-smoke", size=4, seed=3, overrides=OVERRIDES
+        str(micro_model), "household-smoke", size=4, seed=3, overrides=OVERRIDES
     )
 
 
@@ -132,30 +121,15 @@ def test_a_policy_cell_asks_nothing_outside_its_prefetch(policy, rollout):
     )  # the cell reports its rollout's success
 
 
-def test_bad_input_is_refused(micro_policy, policy, rollout, tmp_path):
+def test_bad_input_is_refused(micro_model, policy, rollout, tmp_path):
     with pytest.raises(ValueError, match="does not exist"):
         pap.load_policy_setup(str(tmp_path / "none"), "household-smoke", size=4)
     with pytest.raises(ValueError, match="preset"):
-        pap.load_policy_setup(micro_policy, "no-such-preset", size=4)
+        pap.load_policy_setup(str(micro_model), "no-such-preset", size=4)
     with pytest.raises(ValueError, match="k must be >= 1"):
         pap.PolicyOracle(policy, rollout.table, k=0)
     with pytest.raises(ValueError, match="2 episodes but 1 generators"):
         pap.play_out(policy, [pap.replay(policy, 0, [])] * 2, [pap.stream(0, 0, 0, 0)])
-
-
-@pytest.mark.parametrize(
-    ("argv", "message"),
-    [
-        (["--model", "m", "--noise", "0.2"], "--noise applies to the noisy expert"),
-        (["--model", "m", "--envs", "household"], "--envs applies to the noisy expert"),
-    ],
-)
-def test_cli_refuses_noisy_expert_options_with_model(monkeypatch, capsys, argv, message):
-    monkeypatch.setattr(sys, "argv", ["bench_pair_accuracy.py", *argv])
-    with pytest.raises(SystemExit) as exit_info:
-        pa.main()
-    assert exit_info.value.code == 2
-    assert message in capsys.readouterr().err
 
 
 def test_cli_names_a_missing_model_folder(monkeypatch, tmp_path, capsys):

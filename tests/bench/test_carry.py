@@ -1,0 +1,79 @@
+"""scripts/bench_carry.py: a saved benchmark folder resumes as the original would."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+from mcgpo.bench import runner
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_carry.py"
+spec = importlib.util.spec_from_file_location("bench_carry", SCRIPT)
+carry = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(carry)
+
+
+def _bench(root: Path) -> Path:
+    """A benchmark folder: a warm start, a finished run, a half-finished one, a stale one."""
+    files = {
+        "results.md": "table",
+        "warmstart/sft.json": "{}",
+        "warmstart/config.toml": "seed = 0",
+        "warmstart/bench.log": "log",
+        "warmstart/model/config.json": "{}",
+        "warmstart/model/model.safetensors": "weights",
+        "runs/mcgpo-s0/metrics.jsonl": '{"update": 12}',
+        "runs/mcgpo-s0/config.toml": "seed = 0",
+        "runs/mcgpo-s0/eval.json": "{}",
+        "runs/mcgpo-s0/bench-done.json": "{}",
+        "runs/mcgpo-s0/bench.log": "log",
+        "runs/mcgpo-s0/checkpoints/latest": "update-12",
+        "runs/graphgpo-s0/metrics.jsonl": '{"update": 4}',
+        "runs/graphgpo-s0/checkpoints/latest": "update-4",
+        "runs/graphgpo-s1/metrics.jsonl": '{"update": 1}',
+    }
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    return root
+
+
+def test_the_marker_is_the_runners():
+    assert carry.DONE_MARKER == runner.DONE_MARKER
+
+
+def test_save_keeps_the_warm_start_and_finished_runs_only(tmp_path):
+    bench = _bench(tmp_path / "bench")
+    written = carry.save(bench, tmp_path / "saved")
+    names = sorted(str(p.relative_to(tmp_path / "saved")) for p in written)
+    assert names == [
+        "results.md",
+        "runs/mcgpo-s0/bench-done.json",
+        "runs/mcgpo-s0/config.toml",
+        "runs/mcgpo-s0/eval.json",
+        "runs/mcgpo-s0/metrics.jsonl",
+        "warmstart/config.toml",
+        "warmstart/model/config.json",
+        "warmstart/model/model.safetensors",
+        "warmstart/sft.json",
+    ]
+
+
+def test_a_restored_folder_resumes_with_the_finished_runs_done(tmp_path):
+    carry.save(_bench(tmp_path / "bench"), tmp_path / "saved")
+    fresh = tmp_path / "fresh"
+    (fresh / "runs" / "mcgpo-s0").mkdir(parents=True)
+    (fresh / "runs" / "mcgpo-s0" / "metrics.jsonl").write_text("kept")
+    written = carry.restore(tmp_path / "saved", fresh)
+    assert (fresh / "runs" / "mcgpo-s0" / "metrics.jsonl").read_text() == "kept"
+    assert fresh / "runs" / "mcgpo-s0" / "metrics.jsonl" not in written
+    assert runner.run_status(fresh / "runs" / "mcgpo-s0") == "done"
+    assert runner.run_status(fresh / "runs" / "graphgpo-s0") == "new"  # starts again
+    assert (fresh / "warmstart" / "model" / "model.safetensors").read_text() == "weights"
+
+
+def test_bad_folders_give_one_line_and_exit_2(tmp_path, capsys):
+    assert carry.main(["save", str(tmp_path), str(tmp_path / "out")]) == 2
+    assert "not a benchmark folder" in capsys.readouterr().err
+    assert carry.main(["restore", str(tmp_path / "none"), str(tmp_path / "b")]) == 2
+    assert "no such folder" in capsys.readouterr().err

@@ -14,8 +14,8 @@ import torch
 verl = pytest.importorskip("verl")
 
 import faulty_env  # noqa: E402
-from conftest import MAX_TURNS, N, TinyServer, verl_config  # noqa: E402
 
+from conftest import MAX_TURNS, N, TinyServer, verl_config  # noqa: E402
 from mcgpo.integrations.verl import agent_loop  # noqa: E402
 from mcgpo.training.config import ConfigError  # noqa: E402
 

@@ -14,6 +14,7 @@ import pytest
 verl = pytest.importorskip("verl")
 
 import torch  # noqa: E402
+
 from conftest import verl_config  # noqa: E402
 
 pytestmark = pytest.mark.verl

@@ -11,9 +11,9 @@ import pytest
 verl = pytest.importorskip("verl")
 
 import torch  # noqa: E402
-from conftest import MAX_TURNS, N, verl_config  # noqa: E402
 
 import mcgpo  # noqa: E402
+from conftest import MAX_TURNS, N, verl_config  # noqa: E402
 from mcgpo.objectives import pair_loss, response_log_ratio, task_loss  # noqa: E402
 
 pytestmark = pytest.mark.verl

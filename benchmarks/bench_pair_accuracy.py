@@ -289,6 +289,14 @@ def bootstrap_mean(per_group: np.ndarray, *, seed: int = 0, boot: int = 2000) ->
     return {"mean": float(per_group.mean()), "lo": float(lo), "hi": float(hi)}
 
 
+def weighted_gap(weight: np.ndarray, diff: np.ndarray) -> float:
+    """sum c (Q+ - Q-) / sum c over a variant's pairs: the signal without the scale of c (a
+    larger c acts like a larger lambda in the loss; this says how right the weighted pairs
+    are); NaN without weight."""
+    total = float(np.sum(weight))
+    return float(np.sum(weight * diff)) / total if total > 0 else float("nan")
+
+
 def signal_per_group(
     group: np.ndarray, weight: np.ndarray, diff: np.ndarray, groups: int, *, seed: int = 0,
     boot: int = 2000,
@@ -299,9 +307,10 @@ def signal_per_group(
 
 def variant_rows(
     table: mcgpo.StepTable, oracle: Any, size: int, groups: int, col: int
-) -> list[tuple[str, float, dict, dict, dict]]:
+) -> list[tuple[str, float, dict, dict, dict, float]]:
     """(variant, pairs per group, own-state accuracy summary, signal per group, paired
-    difference of the signal per group against ``paper``) of every :data:`VARIANTS` entry on
+    difference of the signal per group against ``paper``, :func:`weighted_gap`) of every
+    :data:`VARIANTS` entry on
     one cell's rollouts. Q estimates are shared through the oracle's cache, so every
     variant is judged on the same rollouts and the same continuation streams."""
     out, base = [], None
@@ -315,7 +324,7 @@ def variant_rows(
         base = per_group if base is None else base  # "paper" comes first
         own = summarise(judged.plus[:, col], judged.minus_own[:, col])
         out.append((name, len(prefs) / groups, own, bootstrap_mean(per_group),
-                    bootstrap_mean(per_group - base)))  # fmt: skip
+                    bootstrap_mean(per_group - base), weighted_gap(prefs.weight, diff)))  # fmt: skip
     return out
 
 
@@ -334,7 +343,9 @@ class Cell:
     success: float  # share of the cell's trajectories that succeed
     counts: dict[str, float]  # candidate_counts
     rows: list[tuple[str, str, dict, dict]]  # (set, split, own-state, same-state summary)
-    variants: list[tuple[str, float, dict, dict, dict]]  # variant_rows ([] without --variants)
+    variants: list[
+        tuple[str, float, dict, dict, dict, float]
+    ]  # variant_rows ([] without --variants)
 
 
 SPLITS = ("all", "exact", "coarse", "n = 1", "n >= 2")  # rows per pair set (see cell)
@@ -570,15 +581,15 @@ def _print_variants(cells: list[tuple[str, int, str, Cell, int]]) -> None:
         "= sum of c (Q+ - Q-) per group, 95 % bootstrap over groups)\n"
     )
     print("| env | N | groups | noise | success % | variant | pairs / group | n | right % "
-          "| tie % | wrong % | mean Q+ - Q- | signal / group [95 % CI] | signal / 8 traj "
-          "| minus paper [95 % CI, paired] |")  # fmt: skip
-    print("|---" * 15 + "|")
+          "| tie % | wrong % | mean Q+ - Q- | c-weighted Q+ - Q- | signal / group [95 % CI] "
+          "| signal / 8 traj | minus paper [95 % CI, paired] |")  # fmt: skip
+    print("|---" * 16 + "|")
     for env_name, size, noise, c, groups in cells:
-        for name, per_group, own, sig, vs in c.variants:
+        for name, per_group, own, sig, vs, weighted in c.variants:
             acc = (
                 f"{own['n']} | {100 * own['right']:.0f} | {100 * own['tie']:.0f} | "
-                f"{100 * own['wrong']:.0f} | {own['mean']:+.3f}"
-                if own["n"] else "0 | – | – | – | –"
+                f"{100 * own['wrong']:.0f} | {own['mean']:+.3f} | {weighted:+.3f}"
+                if own["n"] else "0 | – | – | – | – | –"
             )  # fmt: skip
             print(
                 f"| {env_name} | {size} | {groups} | {noise} | {100 * c.success:.1f} "

@@ -208,13 +208,22 @@ def test_signal_per_group_sums_c_times_the_gap_per_group():
     assert pa.bootstrap_mean(a + 0.1)["lo"] < 0.1 - 0.1
 
 
+def test_weighted_gap_is_the_c_weighted_mean_and_free_of_the_scale_of_c():
+    # the pairs above: (0.5 x 0.4 + 1.0 x -0.1 + 0.25 x 0.8) / (0.5 + 1.0 + 0.25) = 0.3 / 1.75
+    weight, diff = np.array([0.5, 1.0, 0.25]), np.array([0.4, -0.1, 0.8])
+    assert pa.weighted_gap(weight, diff) == pytest.approx(0.3 / 1.75)
+    assert pa.weighted_gap(3 * weight, diff) == pytest.approx(0.3 / 1.75)  # c scaled: same
+    assert pa.weighted_gap(np.ones(3), diff) == pytest.approx(diff.mean())
+    assert np.isnan(pa.weighted_gap(np.zeros(0), np.zeros(0)))
+
+
 def test_variants_are_judged_on_the_same_rollouts_and_streams():
     env = _env("webshop")
     table = pa.rollouts(env, groups=3, size=8, noise=0.6)
     oracle = pa.Oracle(env, table, {g: g for g in range(3)}, noise=0.6, k=2)
     rows = pa.variant_rows(table, oracle, size=8, groups=3, col=0)
     assert [r[0] for r in rows] == list(pa.VARIANTS)
-    by_name = {name: (per_group, own, sig) for name, per_group, own, sig, _ in rows}
+    by_name = {name: (per_group, own, sig) for name, per_group, own, sig, _, _ in rows}
     assert rows[0][4] == {"mean": 0.0, "lo": 0.0, "hi": 0.0}  # paper minus paper
     # every variant's pairs were judged with the shared cache: judging the paper's pairs
     # again adds no Q estimate

@@ -102,15 +102,16 @@ def test_a_hung_a_raising_and_an_aborting_part_cost_only_themselves(tmp_path):
     start = time.monotonic()
     done = run_check(
         "--inject-fault", "a:hang@1", "--inject-fault", "b:raise", "--inject-fault", "d:abort",
-        "--limits", "a=15", out=out,
+        "--limits", "a=30", out=out,
     )  # fmt: skip
     seconds = time.monotonic() - start
     assert done.returncode == 0, done.stderr[-3000:]
     parts = json.loads((out / "gpu_check.json").read_text())["parts"]
     a, b, c, d = (parts[k] for k in "abcd")
-    # a hung after its first rows: killed at 15 s, the rows it wrote kept
-    assert a["status"] == "timeout" and 15 <= a["seconds"] < 22
-    assert "SIGKILL" in a["why"] and "15 s limit" in a["why"]
+    # a hung after its first rows: killed at 30 s, the rows it wrote kept (30 s, not less:
+    # on a loaded 2-core machine part a took over 15 s to write its first row)
+    assert a["status"] == "timeout" and 30 <= a["seconds"] < 40
+    assert "SIGKILL" in a["why"] and "30 s limit" in a["why"]
     assert a["rows"][0][0] == "generate tok/s" and float(a["rows"][0][1]) > 0
     assert gone(a["pid"])
     assert b["status"] == "error" and b["rows"] == []
@@ -125,7 +126,7 @@ def test_a_hung_a_raising_and_an_aborting_part_cost_only_themselves(tmp_path):
     assert float(rows[("c", "max abs dlogp, sampler vs bf16 fwd")][0]) >= 0
     log = (out / "gpu_check.log").read_text()  # each part's output, the traceback too
     assert "===== part b: update" in log and "RuntimeError: injected fault in part b" in log
-    assert seconds < 120
+    assert seconds < 150
 
 
 def test_a_spent_budget_skips_the_rest_and_says_so(tmp_path):

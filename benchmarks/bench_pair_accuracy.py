@@ -386,9 +386,13 @@ def policy_cell(
     )
 
 
-def judged_sets(table: mcgpo.StepTable, size: int, variants: bool, sets: bool) -> list[PairSet]:
-    """Every pair set one cell judges: the sets of :func:`pair_sets` and the variants'."""
-    out = pair_sets(table, size)[0] if sets else []
+def judged_sets(
+    table: mcgpo.StepTable, size: int, variants: bool, sets: bool,
+    built: list[PairSet] | None = None,
+) -> list[PairSet]:  # fmt: skip
+    """Every pair set one cell judges: the sets of :func:`pair_sets` (``built`` when the
+    caller has them already) and the variants'."""
+    out = list(built if built is not None else pair_sets(table, size)[0]) if sets else []
     for options in VARIANTS.values() if variants else {}:
         prefs = mcgpo.build_preferences(table, group_size=size, **options)
         out.append(PairSet("variant", prefs.plus, prefs.minus, prefs.level, prefs.support))
@@ -415,9 +419,10 @@ def judge_cell(
     also every label variant (:func:`variant_rows`); ``sets=False`` skips the pair sets.
     An oracle with a ``prefetch`` method gets every key it will be asked first."""
     col = {"success": 0, "score": 1}[value]
-    if hasattr(oracle, "prefetch"):
-        oracle.prefetch(needed_keys(oracle, judged_sets(table, size, variants, sets)))
     judged_list, counts = pair_sets(table, size)
+    if hasattr(oracle, "prefetch"):
+        every = judged_sets(table, size, variants, sets, built=judged_list)
+        oracle.prefetch(needed_keys(oracle, every))
     rows = []
     for pairs in judged_list if sets else []:
         judged = judge(oracle, pairs)

@@ -39,6 +39,7 @@ from mcgpo.rollout import (
     prompt_ids,
     stop_strings,
 )
+from mcgpo.rollout.group_rollout import _eos_ids as eos_ids
 from mcgpo.rollout.static_decode import SAMPLERS
 
 
@@ -65,16 +66,7 @@ class Policy:
 
     @property
     def eos(self) -> list[int]:
-        ids: set[int] = set()
-        for value in (
-            self.tokenizer.eos_token_id,
-            getattr(getattr(self.model, "generation_config", None), "eos_token_id", None),
-        ):
-            if isinstance(value, int):
-                ids.add(value)
-            elif value is not None:
-                ids.update(int(v) for v in value)
-        return sorted(ids)
+        return eos_ids(self.model, self.tokenizer)  # the rollout's own EOS set
 
 
 def load_policy_setup(

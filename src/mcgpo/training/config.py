@@ -201,6 +201,11 @@ class TrainConfig:
         False, "with pi_old from the sampler, still run that forward to log pi_old/* mismatch"
     )
     tf32: bool = _opt(True, "TF32 matmuls for float32 on CUDA (no effect on CPU)")
+    pair_grad_probe: bool = _opt(
+        False,
+        "log the norms of the task and pair terms' gradients on each update's first step "
+        "(pairs/grad_ratio, pairs/grad_cos; two extra backward passes; one process only)",
+    )
 
     def check(self) -> None:
         _at_least("train.updates", self.updates, 0)

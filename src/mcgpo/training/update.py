@@ -65,6 +65,7 @@ from mcgpo.policy.precision import compute
 from mcgpo.rollout.tokens import TokenBatch
 from mcgpo.training.config import TrainConfig
 from mcgpo.training.distributed import SINGLE, World, gradient_sync, sharded, zero_backward
+from mcgpo.training.grad_probe import GradProbe
 from mcgpo.training.layout import Layout, PairBatch, plan_mini_batches, plan_rank_share
 from mcgpo.training.metrics import PeakMemory
 from mcgpo.training.old_logprobs import at_old_stats, old_log_probs_for_update
@@ -153,6 +154,7 @@ def update_policy(
         model, batch, micros, cfg, pad_passes=world.size > 1 and sharded(model)
     )
     probe: list[tuple[np.ndarray, float]] = []  # (d of each row, max |ratio - 1|) at theta_old
+    grads = GradProbe(params) if cfg.pair_grad_probe else None  # first step's two gradients
     totals = _Averages()
     steps = skipped = used = 0
     scale = world.size  # DDP and FSDP2 average gradients over the ranks; the loss is a global sum
@@ -171,6 +173,7 @@ def update_policy(
                         token_share=scale * _share(batch, rows, mini_tokens),
                         row_share=scale * len(rows) / mini_rows,
                         probe=probe if epoch == k == 0 else None,
+                        grads=grads if epoch == k == 0 else None,
                     )  # fmt: skip
                 used += int(stats.pop("pairs/used")[0])
                 totals.add_all(stats)
@@ -186,7 +189,8 @@ def update_policy(
     optimizer.zero_grad(set_to_none=True)
     out = totals.means()
     counts = _counts(batch, layout, given, steps, skipped, used / cfg.ppo_epochs)
-    return {**out, **counts, **old_stats, **at_old_stats(probe), **memory.stop()}
+    probed = grads.stats() if grads is not None else {}
+    return {**out, **counts, **old_stats, **at_old_stats(probe), **probed, **memory.stop()}
 
 
 def _check_inputs(
@@ -244,11 +248,13 @@ def _micro_step(
     token_share: float,
     row_share: float,
     probe: list[tuple[np.ndarray, float]] | None = None,
+    grads: GradProbe | None = None,
 ) -> dict[str, tuple[float, float]]:
     """Forward, loss and backward of one micro-batch (``rows`` of the batch).
 
     Returns {metric: (value, weight)}; the trainer averages values with these weights.
-    ``probe`` (first optimiser step only) collects d per row and the max |ratio - 1|.
+    ``probe`` (first optimiser step only) collects d per row and the max |ratio - 1|;
+    ``grads`` (first step, ``train.pair_grad_probe``) the task and pair terms' gradients.
     """
     chunk = cfg.logits_chunk or None
     mask = mb.response_mask
@@ -281,17 +287,22 @@ def _micro_step(
     names = {"pg_loss": "loss/policy", "kl": "loss/kl", "entropy": "policy/entropy"}
     stats = {names.get(k, f"policy/{k}"): (v, token_share) for k, v in task_stats.items()}
     stats["loss/task"] = (task.item(), token_share)
-    loss = token_share * task
+    task_term = token_share * task
+    loss = task_term
+    pair_term = None
     stats["pairs/used"] = (0.0, 0.0)
     if lambda_pair > 0 and len(pairs.plus):
         d = response_log_ratio(log_probs, mb.old_log_probs, mask)
         pair, pair_stats = pair_loss(d, pairs.plus, pairs.minus, pairs.weight, rows)
-        loss = loss + lambda_pair * row_share * pair
+        pair_term = lambda_pair * row_share * pair
+        loss = loss + pair_term
         stats["loss/pair"] = (pair.item(), row_share)
         used = pair_stats["pairs"]
         stats["pairs/used"] = (used, 0.0)
         if used:
             stats["pairs/margin"] = (pair_stats["pair_margin"], used)
             stats["pairs/accuracy"] = (pair_stats["pair_accuracy"], used)
+    if grads is not None:
+        grads.add(task_term, pair_term)
     loss.backward()
     return stats

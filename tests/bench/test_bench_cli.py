@@ -108,6 +108,43 @@ def test_only_selects_labels_and_rejects_unknown_ones(capsys, monkeypatch):
     assert len(err) == 1 and "unknown sweep point 'mcgpo/lambda_pair=7'" in err[0]
 
 
+def test_sweep_values_and_a_graphgpo_baseline_make_a_dose_response(capsys, monkeypatch):
+    import mcgpo.bench.commands as commands
+
+    seen = {}
+    monkeypatch.setattr(commands, "_run", lambda cmd, args, variants: seen.update(v=variants))
+    commands.sweep_main(
+        ["--params", "algo.lambda_pair", "--values", "1,3,10", "--baseline", "graphgpo"]
+    )
+    # the baseline first, then exactly the values given (no default mcgpo row besides them)
+    assert [v.label for v in seen["v"]] == [
+        "graphgpo",
+        "mcgpo/lambda_pair=1",
+        "mcgpo/lambda_pair=3",
+        "mcgpo/lambda_pair=10",
+    ]
+    assert seen["v"][0].flags == ("--algo.name", "graphgpo")
+    assert seen["v"][3].flags == ("--algo.name", "mcgpo", "--algo.lambda_pair", "10")
+    # without --values the built-in list and the default row, after the baseline
+    commands.sweep_main(["--params", "algo.pairs.kappa", "--baseline", "graphgpo"])
+    assert [v.label for v in seen["v"]] == [
+        "graphgpo", "mcgpo", "mcgpo/kappa=0", "mcgpo/kappa=4"
+    ]  # fmt: skip
+    for bad, message in (
+        (
+            ["--params", "algo.pairs.kappa,algo.lambda_pair", "--values", "1"],
+            "exactly one parameter",
+        ),
+        (["--params", "algo.pairs.kappa", "--values", " , "], "--values is empty"),
+        (["--baseline", "grpo"], "invalid choice: 'grpo'"),
+    ):
+        with pytest.raises(SystemExit) as exc:
+            commands.sweep_main(bad)
+        assert exc.value.code == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and message in err[0], err
+
+
 def one_line_error(capsys) -> str:
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1, err

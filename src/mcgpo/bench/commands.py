@@ -178,12 +178,34 @@ def sweep_main(argv: Sequence[str] | None = None) -> int:
         default="",
         help="comma-separated labels to run, e.g. mcgpo,mcgpo/lambda_pair=0.3 (default: all)",
     )
+    p.add_argument(
+        "--values",
+        default="",
+        help="comma-separated values of the one parameter in --params, run instead of its "
+        "built-in list and of the default mcgpo row (e.g. a dose-response: --params "
+        "algo.lambda_pair --values 1,3,10,30)",
+    )
+    p.add_argument(
+        "--baseline",
+        default="",
+        choices=("", "graphgpo"),
+        help="also run this method, the paired differences' baseline (default: none)",
+    )
     args = _parse(p, argv)
-    variants = [Variant("mcgpo", ("--algo.name", "mcgpo"))]
-    for key in _split(args.params, "--params"):
+    keys = _split(args.params, "--params")
+    for key in keys:
         if key not in SWEEP:
             p.error(f"unknown sweep parameter {key!r}; known: {', '.join(SWEEP)}")
-        for value in SWEEP[key][1:]:
+    variants = [Variant(args.baseline, ("--algo.name", args.baseline))] if args.baseline else []
+    if args.values:
+        if len(keys) != 1:
+            p.error(f"--values needs exactly one parameter in --params, got {len(keys)}")
+        points = {keys[0]: tuple(_split(args.values, "--values"))}
+    else:
+        variants.append(Variant("mcgpo", ("--algo.name", "mcgpo")))
+        points = {key: SWEEP[key][1:] for key in keys}
+    for key, values in points.items():
+        for value in values:
             variants.append(
                 Variant(
                     f"mcgpo/{key.rsplit('.', 1)[-1]}={value}",

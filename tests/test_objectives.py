@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -18,6 +19,7 @@ from mcgpo.objectives import (
     plan_micro_batches,
     policy_loss,
     response_log_ratio,
+    rollout_correction_weights,
     task_loss,
 )
 
@@ -178,6 +180,173 @@ def test_task_loss_combines_terms():
     assert loss.item() == pytest.approx(-1.05)
     assert stats["pg_loss"] == -1.0
     assert stats["kl"] == pytest.approx(0.3) and stats["entropy"] == 2.0
+
+
+# --------------------------------------------------------------------------- rollout correction
+# A tiny batch: 2 rows, 3 columns; row 0 has 2 response tokens (column 2 is padding with
+# garbage: pi_old 9, mu -inf), row 1 has 3. Token ratios rho = pi_old / mu:
+#   row 0: 1, 3          (log-ratios 0, ln 3)
+#   row 1: 0.4, 1.5, 1   (log-ratios ln 0.4, ln 1.5, 0)
+# Sequence ratios: row 0: 3; row 1: 0.4 * 1.5 * 1 = 0.6. cap = 2 (mis keeps [0.5, 2]).
+CORR_MASK = t([[1, 1, 0], [1, 1, 1]], torch.bool)
+CORR_OLD = t([[-1.0, -2.0, 9.0], [-0.5, -1.5, -0.7]])
+CORR_BEH = CORR_OLD - t([[0.0, LN(3), 0.0], [LN(0.4), LN(1.5), 0.0]])
+CORR_BEH[0, 2] = -math.inf
+
+
+def corr(mode, level, beh=CORR_BEH, cap=2.0):
+    return rollout_correction_weights(CORR_OLD, beh, CORR_MASK, mode=mode, level=level, cap=cap)
+
+
+@pytest.mark.parametrize(
+    "mode, level, weights, ratio_mean, clipped, masked",
+    [
+        # token level: ratio mean (1 + 3 + 0.4 + 1.5 + 1) / 5 = 1.38, max 3
+        #   tis: min(rho, 2) -> 1, 2 | 0.4, 1.5, 1; 1 of 5 tokens truncated
+        ("tis", "token", [[1, 2, 0], [0.4, 1.5, 1]], 1.38, 0.2, 0.0),
+        #   mis: 3 > 2 and 0.4 < 0.5 are masked -> 1, 0 | 0, 1.5, 1; 2 of 5 masked
+        ("mis", "token", [[1, 0, 0], [0, 1.5, 1]], 1.38, 0.0, 0.4),
+        ("none", "token", [[1, 1, 0], [1, 1, 1]], 1.38, 0.0, 0.0),
+        # sequence level: ratio mean over the 2 rows (3 + 0.6) / 2 = 1.8, max 3
+        #   tis: row 0 min(3, 2) = 2 on both tokens, row 1 0.6 on its three; 1 of 2 rows cut
+        ("tis", "sequence", [[2, 2, 0], [0.6, 0.6, 0.6]], 1.8, 0.5, 0.0),
+        #   mis: row 0 (3 > 2) masked whole, row 1 (0.6 in [0.5, 2]) keeps 0.6
+        ("mis", "sequence", [[0, 0, 0], [0.6, 0.6, 0.6]], 1.8, 0.0, 0.5),
+        ("none", "sequence", [[1, 1, 0], [1, 1, 1]], 1.8, 0.0, 0.0),
+    ],
+)
+def test_rollout_correction_golden(mode, level, weights, ratio_mean, clipped, masked):
+    w, stats = corr(mode, level)
+    torch.testing.assert_close(w, t(weights), rtol=0, atol=1e-12)
+    assert not w.requires_grad
+    assert stats["rollout_correction/ratio_mean"] == pytest.approx(ratio_mean)
+    assert stats["rollout_correction/ratio_max"] == pytest.approx(3.0)
+    assert stats["rollout_correction/clipped_frac"] == pytest.approx(clipped)
+    assert stats["rollout_correction/masked_frac"] == pytest.approx(masked)
+    # the mean weight over the 5 response tokens is the mean of the golden weights
+    assert stats["rollout_correction/weight_mean"] == pytest.approx(sum(map(sum, weights)) / 5)
+    # sequence log-ratios ln 3 and ln 0.6: population SD = |ln 3 - ln 0.6| / 2 = ln(5) / 2
+    assert stats["rollout_correction/seq_log_ratio_sd"] == pytest.approx(LN(5) / 2)
+
+
+@pytest.mark.parametrize(
+    "mode, level, loss, grad",
+    [
+        # log pi = pi_old (PPO ratio 1), A = (+1, -1) per row, so l_t = -A w_t and
+        # d L / d log pi_t = -A w_t / 5 (token mean over 5 response tokens):
+        # none: (-1 - 1 + 1 + 1 + 1) / 5 = 0.2
+        ("none", "token", 0.2, [[-0.2, -0.2, 0], [0.2, 0.2, 0.2]]),
+        # tis token: (-1 - 2 + 0.4 + 1.5 + 1) / 5 = -0.02
+        ("tis", "token", -0.02, [[-0.2, -0.4, 0], [0.08, 0.3, 0.2]]),
+        # mis sequence: (0 + 0 + 3 * 0.6) / 5 = 0.36
+        ("mis", "sequence", 0.36, [[0, 0, 0], [0.12, 0.12, 0.12]]),
+    ],
+)
+def test_rollout_correction_weights_the_task_loss_golden(mode, level, loss, grad):
+    w, _ = corr(mode, level)
+    lp = CORR_OLD.clone().requires_grad_(True)
+    out, stats = task_loss(
+        lp, CORR_OLD, t([1.0, -1.0]), CORR_MASK, **TASK, rollout_weights=w
+    )  # no reference, no entropy: L_task is the weighted policy loss
+    assert out.item() == pytest.approx(loss, abs=1e-12)
+    assert stats["pg_loss"] == pytest.approx(loss, abs=1e-12)
+    out.backward()
+    torch.testing.assert_close(lp.grad, t(grad), rtol=0, atol=1e-12)
+
+
+def test_rollout_correction_weights_only_the_policy_gradient_term():
+    # KL (k1) tokens log pi - log pi_ref = 0.5 on all 5 tokens -> 0.5, entropy 2 everywhere:
+    # weighted pg (tis, token) -0.02 + kl_coef 0.1 * 0.5 - entropy_coef 0.01 * 2 = 0.01;
+    # the KL and entropy token means are not weighted (verl weights pg_losses only).
+    w, _ = corr("tis", "token")
+    out, _ = task_loss(
+        CORR_OLD, CORR_OLD, t([1.0, -1.0]), CORR_MASK, ref_log_probs=CORR_OLD - 0.5,
+        entropy=torch.full((2, 3), 2.0, dtype=torch.float64), **PPO, kl_coef=0.1,
+        kl_kind="kl", entropy_coef=0.01, rollout_weights=w,
+    )  # fmt: skip
+    assert out.item() == pytest.approx(-0.02 + 0.05 - 0.02, abs=1e-12)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.integers(1, 4),
+    st.integers(1, 6),
+    st.integers(0, 2**31 - 1),
+    st.sampled_from(["none", "tis", "mis"]),
+    st.sampled_from(["token", "sequence"]),
+)
+def test_zero_mismatch_loss_is_the_uncorrected_loss_bit_for_bit(b, length, seed, mode, level):
+    g = torch.Generator().manual_seed(seed)
+    old = -torch.rand(b, length, generator=g) * 3  # float32, as the trainer's log-probs
+    new = (old + 0.3 * torch.randn(b, length, generator=g)).requires_grad_(True)
+    adv = torch.randn(b, generator=g)
+    mask = torch.rand(b, length, generator=g) < 0.7
+    w, stats = rollout_correction_weights(old, old.clone(), mask, mode=mode, level=level, cap=2.0)
+    plain, _ = task_loss(new, old, adv, mask, **TASK)
+    (g_plain,) = torch.autograd.grad(plain, new)
+    fixed, _ = task_loss(new, old, adv, mask, **TASK, rollout_weights=w)
+    (g_fixed,) = torch.autograd.grad(fixed, new)
+    assert torch.equal(plain, fixed) and torch.equal(g_plain, g_fixed)
+    if mask.any():
+        assert stats["rollout_correction/ratio_max"] == 1.0
+        assert stats["rollout_correction/seq_log_ratio_sd"] == 0.0
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 4), st.integers(1, 6), st.integers(0, 2**31 - 1))
+def test_injected_mismatch_changes_exactly_those_weights(b, length, seed):
+    # mu shifted down by delta in [0.05, 3) on some response tokens: rho = exp(delta) > 1 there
+    # (tis: min(rho, 2) != 1; mis: masked beyond ln 2), exactly 1 elsewhere; at the sequence
+    # level exactly the rows holding a shifted token change (the shifts never cancel).
+    g = torch.Generator().manual_seed(seed)
+    old = -torch.rand(b, length, generator=g) * 3
+    mask = torch.rand(b, length, generator=g) < 0.7
+    shifted = mask & (torch.rand(b, length, generator=g) < 0.4)
+    delta = 0.05 + 2.95 * torch.rand(b, length, generator=g)
+    beh = torch.where(shifted, old - delta, old)
+    for mode in ("tis", "mis"):
+        w, _ = rollout_correction_weights(old, beh, mask, mode=mode, level="token", cap=2.0)
+        assert torch.equal((w != 1) & mask, shifted)
+        ws, _ = rollout_correction_weights(old, beh, mask, mode=mode, level="sequence", cap=2.0)
+        assert torch.equal((ws != 1) & mask, shifted.any(1, keepdim=True) & mask)
+    assert torch.equal(((w == 0) & mask), shifted & (delta > LN(2.0)))  # mis, token level
+
+
+def test_rollout_correction_empty_mask_and_masked_positions():
+    # no response token: all-zero weights and no statistics
+    w, stats = rollout_correction_weights(
+        torch.zeros(2, 2), torch.zeros(2, 2), torch.zeros(2, 2, dtype=torch.bool),
+        mode="tis", level="sequence", cap=2.0,
+    )  # fmt: skip
+    assert w.tolist() == [[0, 0], [0, 0]] and stats == {}
+    # padding values (inf, nan) never reach the weights or the stats
+    beh = CORR_BEH.clone()
+    beh[0, 2] = math.nan
+    for level in ("token", "sequence"):
+        w, stats = corr("tis", level, beh=beh)
+        assert torch.isfinite(w).all() and all(math.isfinite(v) for v in stats.values())
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"mode": "is"}, "mode must be one of none, tis, mis; got 'is'"),
+        ({"level": "row"}, "level must be one of token, sequence; got 'row'"),
+        ({"cap": 1.0}, "cap must be a finite number > 1, got 1.0"),
+        ({"cap": math.inf}, "cap must be a finite number > 1, got inf"),
+    ],
+)
+def test_rollout_correction_bad_input(kwargs, message):
+    args = {"mode": "tis", "level": "token", "cap": 2.0, **kwargs}
+    with pytest.raises(ValueError, match=re.escape(message)):
+        rollout_correction_weights(CORR_OLD, CORR_BEH, CORR_MASK, **args)
+
+
+def test_rollout_correction_shapes_must_agree():
+    with pytest.raises(ValueError, match=re.escape("shapes differ: old (2, 3), behaviour (2, 2)")):
+        rollout_correction_weights(
+            CORR_OLD, CORR_BEH[:, :2], CORR_MASK, mode="tis", level="token", cap=2.0
+        )
 
 
 # --------------------------------------------------------------------------- pair loss

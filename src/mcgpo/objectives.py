@@ -20,6 +20,18 @@ Pair loss (MCGPO, seed step 5):
 
 P(B) holds the pairs whose two rows are both in micro-batch B.
 
+Rollout correction (:func:`rollout_correction_weights`, docs/training.md "Rollout
+correction"): the tokens were sampled by the behaviour policy mu (the sampler, vLLM), whose
+log-probs differ from the trainer's pi_old by kernels and precision. With
+rho = pi_old / mu per token (``level`` token) or the product over a row's response
+(``level`` sequence), a detached weight w multiplies l_t of the policy-gradient term:
+
+    tis:  w = min(rho, cap)                             truncated IS (Yao et al. 2025)
+    mis:  w = rho if 1/cap <= rho <= cap else 0         masked IS (verl's IcePop bounds)
+
+The KL, entropy and pair terms are not weighted (verl's ``rollout_is_weights`` multiply
+``pg_losses`` only); w = 1 exactly at zero mismatch, so the loss is then the uncorrected one.
+
 The coefficients (eps, dual clip, kl_coef, KL kind, entropy_coef) have no defaults here: they
 are required keyword arguments, and their defaults live in the run configuration only
 (:class:`mcgpo.training.config.TrainConfig`, verl-agent's recipe). ``dual_clip = 0`` turns the
@@ -38,6 +50,7 @@ Departures, and why:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -46,6 +59,8 @@ import torch.nn.functional as F
 
 __all__ = [
     "KL_KINDS",
+    "ROLLOUT_CORRECTIONS",
+    "ROLLOUT_CORRECTION_LEVELS",
     "MicroBatchPlan",
     "entropy_from_logits",
     "kl_penalty",
@@ -54,10 +69,13 @@ __all__ = [
     "plan_micro_batches",
     "policy_loss",
     "response_log_ratio",
+    "rollout_correction_weights",
     "task_loss",
 ]
 
 KL_KINDS = ("low_var_kl", "k3", "kl", "k1", "mse", "k2", "abs")
+ROLLOUT_CORRECTIONS = ("none", "tis", "mis")  # train.rollout_correction (with "auto")
+ROLLOUT_CORRECTION_LEVELS = ("token", "sequence")  # train.rollout_correction_level
 _LOG_RATIO_CLAMP = 20.0
 _K3_CLAMP = 10.0
 
@@ -85,13 +103,16 @@ def policy_loss(
     clip: float,
     dual_clip: float,
     clip_high: float | None = None,
+    weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """PPO clipped surrogate with dual clip, token-mean over the micro-batch.
 
     ``log_probs`` / ``old_log_probs``: ``[B, L]``; ``advantages``: ``[B, L]`` or ``[B]``
     (one value per row, broadcast to its tokens). ``clip`` is eps_low, ``clip_high`` eps_high
     (None: the same as ``clip``); ``dual_clip`` (> 1, or 0 for off) caps the loss of a token
-    with negative advantage at ``-A * dual_clip``. Returns (scalar loss, stats).
+    with negative advantage at ``-A * dual_clip``. ``weights`` ``[B, L]`` (detached; None:
+    none) multiply each token's clipped loss before the token mean, as verl applies
+    ``rollout_is_weights`` (:func:`rollout_correction_weights`). Returns (scalar loss, stats).
     """
     if advantages.dim() == 1:
         advantages = advantages[:, None].expand_as(log_probs)
@@ -108,6 +129,8 @@ def policy_loss(
         cap = -advantages * dual_clip
         lower_hit = (advantages < 0) & (loss > cap)
         loss = torch.where(advantages < 0, torch.minimum(loss, cap), loss)
+    if weights is not None:
+        loss = loss * weights.detach()
     with torch.no_grad():
         stats = {
             "pg_clipfrac": float(masked_mean((clipped > unclipped).float(), response_mask)),
@@ -159,6 +182,7 @@ def task_loss(
     kl_kind: str,
     entropy_coef: float,
     clip_high: float | None = None,
+    rollout_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """L_task = policy_loss + kl_coef * token-mean KL - entropy_coef * token-mean entropy.
 
@@ -166,6 +190,8 @@ def task_loss(
     :func:`entropy_from_logits` (None: no entropy bonus). ``clip``, ``dual_clip`` and
     ``clip_high`` as in :func:`policy_loss`; ``kl_kind`` one of ``KL_KINDS``. The recipe's
     values are the defaults of :class:`mcgpo.training.config.TrainConfig`.
+    ``rollout_weights`` ``[B, L]`` from :func:`rollout_correction_weights` (None: no
+    correction) weight the policy-gradient term's tokens.
     """
     loss, stats = policy_loss(
         log_probs,
@@ -175,6 +201,7 @@ def task_loss(
         clip=clip,
         clip_high=clip_high,
         dual_clip=dual_clip,
+        weights=rollout_weights,
     )
     stats["pg_loss"] = float(loss.detach())
     if ref_log_probs is not None and kl_coef != 0:
@@ -186,6 +213,87 @@ def task_loss(
         loss = loss - entropy_coef * ent
         stats["entropy"] = float(ent.detach())
     return loss, stats
+
+
+@torch.no_grad()
+def rollout_correction_weights(
+    old_log_probs: torch.Tensor,
+    behaviour_log_probs: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    mode: str,
+    level: str,
+    cap: float,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Importance weights pi_old / mu for tokens sampled by a behaviour policy mu.
+
+    ``old_log_probs``: ``[B, L]`` log pi_old (the trainer's forward); ``behaviour_log_probs``:
+    ``[B, L]`` log mu of the same tokens (the sampler's own); ``mask``: ``[B, L]`` response
+    tokens. ``level`` "token": one ratio per token, rho_t = exp(log pi_old - log mu);
+    "sequence": one per row, rho = exp(sum_t over its response (log pi_old - log mu)), given
+    to each of its tokens. Log-ratios are clamped to [-20, 20] before ``exp`` (as verl).
+    ``mode`` "none": w = 1; "tis": w = min(rho, cap); "mis": w = rho inside
+    [1/cap, cap] (bounds kept), 0 outside (the token or the whole row is masked out).
+    ``cap`` > 1. Returns (detached weights in the log-probs' dtype, at least float32, 0 off
+    the mask; stats): ratio mean and max over the units of ``level`` (tokens, or rows with a
+    response), the fraction of units truncated (tis) or masked (mis), the mean weight over
+    response tokens, and the SD over rows of the sequence log-ratio
+    sum_t (log pi_old - log mu). Empty ``mask``: no stats.
+    """
+    if mode not in ROLLOUT_CORRECTIONS:
+        raise ValueError(
+            f"rollout_correction_weights: mode must be one of "
+            f"{', '.join(ROLLOUT_CORRECTIONS)}; got {mode!r}"
+        )
+    if level not in ROLLOUT_CORRECTION_LEVELS:
+        raise ValueError(
+            f"rollout_correction_weights: level must be one of "
+            f"{', '.join(ROLLOUT_CORRECTION_LEVELS)}; got {level!r}"
+        )
+    if not (math.isfinite(cap) and cap > 1.0):
+        raise ValueError(f"rollout_correction_weights: cap must be a finite number > 1, got {cap}")
+    if old_log_probs.shape != behaviour_log_probs.shape or old_log_probs.shape != mask.shape:
+        raise ValueError(
+            f"rollout_correction_weights: shapes differ: old {tuple(old_log_probs.shape)}, "
+            f"behaviour {tuple(behaviour_log_probs.shape)}, mask {tuple(mask.shape)}"
+        )
+    m = mask.bool()
+    dtype = torch.promote_types(
+        torch.promote_types(old_log_probs.dtype, behaviour_log_probs.dtype), torch.float32
+    )
+    zero = torch.zeros((), dtype=dtype, device=old_log_probs.device)
+    log_ratio = torch.where(m, old_log_probs.to(dtype) - behaviour_log_probs.to(dtype), zero)
+    seq_log_ratio = log_ratio.sum(-1)  # [B]
+    has = m.any(-1)
+    if level == "token":
+        unit_log_ratio, units = log_ratio, m
+    else:
+        unit_log_ratio, units = seq_log_ratio[:, None], has[:, None]
+    ratio = torch.exp(unit_log_ratio.clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP))
+    truncated = torch.zeros_like(units)
+    masked = torch.zeros_like(units)
+    if mode == "none":
+        weight = torch.ones_like(ratio)
+    elif mode == "tis":
+        truncated = units & (ratio > cap)
+        weight = ratio.clamp(max=cap)
+    else:
+        masked = units & ((ratio < 1.0 / cap) | (ratio > cap))
+        weight = torch.where(masked, torch.zeros_like(ratio), ratio)
+    weights = torch.where(m, weight.expand_as(log_ratio), zero).detach()
+    if not bool(m.any()):
+        return weights, {}
+    per_unit = ratio[units]
+    seq = seq_log_ratio[has]
+    stats = {
+        "rollout_correction/ratio_mean": float(per_unit.mean()),
+        "rollout_correction/ratio_max": float(per_unit.max()),
+        "rollout_correction/clipped_frac": float(truncated[units].float().mean()),
+        "rollout_correction/masked_frac": float(masked[units].float().mean()),
+        "rollout_correction/weight_mean": float(weights[m].mean()),
+        "rollout_correction/seq_log_ratio_sd": float(seq.std(correction=0)),
+    }
+    return weights, stats
 
 
 def response_log_ratio(

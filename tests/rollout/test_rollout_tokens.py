@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -106,3 +108,31 @@ def test_concatenate_pads_to_the_widest_and_keeps_every_row():
         assert torch.equal(row.old_log_probs, part.old_log_probs)
     empty = TokenBatch.concatenate([])
     assert len(empty) == 0 and len(TokenBatch.concatenate([a, empty.select([])])) == 1
+
+
+def test_behaviour_log_probs_are_the_samplers_and_survive_a_new_pi_old():
+    tb = small_batch()
+    # as collected, mu = pi_old: the same tensor (nothing extra to carry)
+    assert tb.behaviour_log_probs is tb.old_log_probs
+    assert tb.select([2, 0]).behaviour_log_probs is not None
+    # the update replaces pi_old by a training forward (mcgpo.training.old_logprobs);
+    # the sampler's log-probs stay in behaviour_log_probs, through select, to, concatenate
+    fresh = tb.old_log_probs - 0.25 * tb.response_mask
+    new = dataclasses.replace(tb, old_log_probs=fresh)
+    assert torch.equal(new.behaviour_log_probs, tb.old_log_probs)
+    assert torch.equal(new.old_log_probs, fresh)
+    sub = new.select([2, 0])
+    assert torch.equal(sub.behaviour_log_probs, tb.old_log_probs[[2, 0]])
+    assert torch.equal(sub.old_log_probs, fresh[[2, 0]])
+    assert torch.equal(new.to("cpu").behaviour_log_probs, tb.old_log_probs)
+    # concatenating a batch with its own mu and one whose mu is pi_old keeps each row's
+    both = TokenBatch.concatenate([new.select([1]), tb.select([0])])
+    assert both.behaviour_log_probs.tolist() == [[0, -2.0, 0, 0, 0], [0, 0, 0, -0.5, -1.0]]
+    assert both.old_log_probs[0, 1].item() == -2.25
+    with pytest.raises(TokenBatchError, match=r"behaviour_log_probs has shape \(3, 4\)"):
+        TokenBatch(*(getattr(tb, k) for k in FIELDS), tb.old_log_probs[:, :4])
+    with pytest.raises(TokenBatchError, match=r"behaviour_log_probs has dtype torch\.float64"):
+        TokenBatch(*(getattr(tb, k) for k in FIELDS), tb.old_log_probs.double())
+
+
+FIELDS = ("input_ids", "attention_mask", "response_mask", "old_log_probs")

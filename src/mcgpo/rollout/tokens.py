@@ -13,6 +13,12 @@ Masks:
                     and padding never carry a loss
     old_log_probs   log pi_old(token | prefix) at temperature 1 at response positions, 0
                     elsewhere (see :func:`mcgpo.rollout.sampler.sample`)
+    behaviour_log_probs
+                    the sampler's own log-probs of the same tokens (the behaviour policy
+                    mu; same layout): equal to ``old_log_probs`` as collected, and kept when
+                    the update replaces ``old_log_probs`` by a training forward
+                    (:mod:`mcgpo.training.old_logprobs`), for the rollout correction
+                    (:func:`mcgpo.objectives.rollout_correction_weights`)
 """
 
 from __future__ import annotations
@@ -39,8 +45,12 @@ class TokenBatch:
     attention_mask: torch.Tensor  # [R, L] int64   1 on real tokens
     response_mask: torch.Tensor  # [R, L] bool    True exactly on sampled response tokens
     old_log_probs: torch.Tensor  # [R, L] float32 log pi_old (T=1) on responses, 0 elsewhere
+    # [R, L] float32 the sampler's log mu (T=1) on responses; None = ``old_log_probs`` itself
+    behaviour_log_probs: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
+        if self.behaviour_log_probs is None:  # as sampled: pi_old is the sampler's
+            object.__setattr__(self, "behaviour_log_probs", self.old_log_probs)
         shape = tuple(self.input_ids.shape)
         if self.input_ids.ndim != 2:
             raise TokenBatchError(f"input_ids must be 2-D [R, L], got shape {shape}")
@@ -49,6 +59,7 @@ class TokenBatch:
             "attention_mask": torch.int64,
             "response_mask": torch.bool,
             "old_log_probs": torch.float32,
+            "behaviour_log_probs": torch.float32,
         }
         for name, dtype in expected.items():
             t = getattr(self, name)
@@ -133,6 +144,7 @@ class TokenBatch:
             attn[:, :width],
             self.response_mask[idx, :width],
             self.old_log_probs[idx, :width],
+            None if self._behaviour_is_old() else self.behaviour_log_probs[idx, :width],
         )
 
     @classmethod
@@ -149,12 +161,10 @@ class TokenBatch:
         if not batches:
             empty = torch.zeros((0, 0), dtype=torch.int64)
             return cls(empty, empty, empty.bool(), empty.float())
-        return cls(
-            *(
-                torch.cat([padded(getattr(b, name)) for b in batches])
-                for name in ("input_ids", "attention_mask", "response_mask", "old_log_probs")
-            )
-        )
+        names = ["input_ids", "attention_mask", "response_mask", "old_log_probs"]
+        if not all(b._behaviour_is_old() for b in batches):
+            names.append("behaviour_log_probs")
+        return cls(*(torch.cat([padded(getattr(b, name)) for b in batches]) for name in names))
 
     def to(self, device: torch.device | str) -> TokenBatch:
         """The same batch on another device."""
@@ -163,7 +173,12 @@ class TokenBatch:
             self.attention_mask.to(device),
             self.response_mask.to(device),
             self.old_log_probs.to(device),
+            None if self._behaviour_is_old() else self.behaviour_log_probs.to(device),
         )
+
+    def _behaviour_is_old(self) -> bool:
+        """Whether the behaviour log-probs are pi_old's tensor itself (nothing to carry)."""
+        return self.behaviour_log_probs is self.old_log_probs
 
     def per_token(self, values: np.ndarray | torch.Tensor) -> torch.Tensor:
         """Broadcast one value per row (e.g. an advantage) onto that row's response tokens.

@@ -1,20 +1,21 @@
 """The paired difference that ``mcgpo bench`` prints under its table: per seed, method minus
-baseline, mean and a 95 % percentile-bootstrap interval over seeds."""
+baseline; the mean, SD, 95 % paired t-interval and minimum detectable effect over seeds (the
+statistics themselves: test_intervals.py)."""
 
 from __future__ import annotations
 
+import math
 import random
 
-import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from mcgpo.bench.intervals import detectable_effect_in_sd
 from mcgpo.bench.results import (
     EvalPoint,
     PairedEstimate,
     RunResult,
-    bootstrap_interval,
     paired_differences,
     render_results_md,
     summarise,
@@ -28,62 +29,47 @@ def run(method: str, seed: int, successes: list[float]) -> RunResult:
     return RunResult(method, seed, points)
 
 
+# t_{0.975, 2} in closed form (2 df: t_p = (2p - 1) / sqrt(2 p (1 - p))) = 4.30265
+T975_DF2 = 0.95 / math.sqrt(2 * 0.975 * 0.025)
+
+
 def test_golden_one_two_three():
-    # Differences 1, 2, 3: mean 2. A resample of 3 is one of 3^3 = 27 equally likely
-    # draws; only (1, 1, 1) has mean 1, with probability 1/27 = 3.7 % > 2.5 %, so the
-    # 2.5 % quantile of the bootstrap means is 1 (with 10,000 resamples about 370 of them
-    # are all-ones, SD about 19: the 250th smallest is 1 in all but astronomically rare
-    # cases, and the draws are seeded). Symmetrically the 97.5 % quantile is 3.
-    assert bootstrap_interval([1.0, 2.0, 3.0]) == (1.0, 3.0)
+    # Differences 1, 2, 3 (mcgpo's final success s + 1 against graphgpo's 0): mean 2, SD 1,
+    # t-interval 2 +- 4.30265 / sqrt(3) = [-0.48414, 4.48414]; MDE 3.2640 x SD
+    # (test_intervals.py derives both).
     (d,) = paired_differences(
         [run("graphgpo", s, [0.0, 0.0]) for s in (0, 1, 2)]
         + [run("mcgpo", s, [0.0, s + 1.0]) for s in (0, 1, 2)]
     )
-    assert d.final_success == PairedEstimate(2.0, (1.0, 3.0))
+    est = d.final_success
+    assert (est.mean, est.sd) == pytest.approx((2.0, 1.0))
+    assert est.interval == pytest.approx((2 - T975_DF2 / math.sqrt(3), 2 + T975_DF2 / math.sqrt(3)))
+    assert est.detectable == pytest.approx(detectable_effect_in_sd(3))
+    assert est.detectable == pytest.approx(3.2640, abs=1e-3)
+    # integrated: the mean of (0, s + 1), so half the final differences: 0.5, 1, 1.5
+    assert d.integrated_success.mean == pytest.approx(1.0)
+    assert d.integrated_success.interval == pytest.approx(
+        (1 - T975_DF2 / (2 * math.sqrt(3)), 1 + T975_DF2 / (2 * math.sqrt(3)))
+    )
 
 
-def test_golden_skewed_interval():
-    # Differences 0, 0, 0, 1 (n = 4): a resample's mean is k / 4 with k ~ Binomial(4, 1/4)
-    # ones drawn. P(k = 0) = (3/4)^4 = 0.316 >= 2.5 %, so the lower end is 0.
-    # P(k <= 2) = 0.316 + 0.422 + 0.211 = 0.949 < 97.5 % <= P(k <= 3) = 0.996, so the upper
-    # end is 3/4 (0.949 and 0.996 are each > 10 SD of a 10,000-draw frequency away from
-    # 0.975). Mean 1/4: the interval is not symmetric and not [min, max].
-    assert bootstrap_interval([0.0, 0.0, 0.0, 1.0]) == (0.0, 0.75)
-
-
-def test_interval_matches_the_exact_bootstrap_distribution():
-    # Oracle: all 5^5 = 3125 resamples of 5 values enumerated, each equally likely; the
-    # percentile interval from 10,000 random resamples lands on the same atoms.
-    values = np.array([-0.4, -0.1, 0.05, 0.3, 0.9])
-    grid = np.array(np.meshgrid(*[range(5)] * 5)).reshape(5, -1).T
-    means = np.sort(values[grid].mean(axis=1))
-    cdf = np.arange(1, len(means) + 1) / len(means)
-    exact_low = means[np.searchsorted(cdf, 0.025)]
-    exact_high = means[np.searchsorted(cdf, 0.975)]
-    low, high = bootstrap_interval(values.tolist())
-    # sampling error of a 2.5 % quantile from 10,000 draws: sqrt(.025 * .975 / 1e4) = 0.0016
-    # in probability, over a density of about 0.3 per unit near the tails (bootstrap SD of
-    # the mean 0.2): about 0.005; the tolerance is eight times that (exact: -0.20, +0.56)
-    assert abs(low - exact_low) <= 0.04 and abs(high - exact_high) <= 0.04
-    assert exact_low < 0.0 < exact_high  # the case is not trivial: the interval spans 0
-
-
-@settings(max_examples=50, deadline=None)
-@given(st.lists(st.floats(0.001, 1.0), min_size=2, max_size=12))
-def test_all_positive_differences_give_an_interval_above_zero(diffs):
-    low, high = bootstrap_interval(diffs)
-    assert 0.0 < low <= high
-    assert min(diffs) - 1e-12 <= low and high <= max(diffs) + 1e-12
-
-
-@settings(max_examples=50, deadline=None)
-@given(st.lists(st.floats(-1.0, 1.0), min_size=2, max_size=12), st.floats(-1.0, 1.0))
-def test_interval_flips_with_the_sign_and_moves_with_a_shift(diffs, shift):
-    low, high = bootstrap_interval(diffs)
-    neg_low, neg_high = bootstrap_interval([-d for d in diffs])
-    assert neg_low == pytest.approx(-high, abs=1e-12) and neg_high == pytest.approx(-low, abs=1e-12)
-    moved = bootstrap_interval([d + shift for d in diffs])
-    assert moved == pytest.approx((low + shift, high + shift), abs=1e-9)
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.floats(0.0, 1.0), st.floats(0.0, 1.0)), min_size=1, max_size=8))
+def test_swapping_method_and_baseline_negates_the_estimate(pairs):
+    # mcgpo - graphgpo per seed against graphgpo - mcgpo: mean and interval flip, SD and MDE
+    # stay the same
+    runs = [run("graphgpo", s, [g]) for s, (g, _) in enumerate(pairs)]
+    runs += [run("mcgpo", s, [m]) for s, (_, m) in enumerate(pairs)]
+    (fwd,) = paired_differences(runs, baseline="graphgpo")
+    (back,) = paired_differences(runs, baseline="mcgpo")
+    a, b = fwd.final_success, back.final_success
+    assert a.mean == pytest.approx(-b.mean, abs=1e-12)
+    if len(pairs) < 2:
+        assert a.interval is b.interval is a.detectable is None
+        return
+    assert a.interval == pytest.approx((-b.interval[1], -b.interval[0]), abs=1e-12)
+    assert a.sd == pytest.approx(b.sd) and a.detectable == pytest.approx(b.detectable)
+    assert a.interval[0] <= a.mean <= a.interval[1]
 
 
 def test_pairing_by_seed_leaves_out_a_seed_one_arm_lacks():
@@ -101,8 +87,11 @@ def test_pairing_by_seed_leaves_out_a_seed_one_arm_lacks():
     # integrated: seed 0 0.3 - 0.15 = 0.15, seed 1 0.35 - 0.25 = 0.1 -> mean 0.125
     assert d.final_success.mean == pytest.approx(0.15)
     assert d.integrated_success.mean == pytest.approx(0.125)
-    # two values: resample means are 0, 0.15 (twice) or 0.3, each end with 25 % >= 2.5 %
-    assert d.final_success.interval == pytest.approx((0.0, 0.3))
+    # two values 0.3 and 0: SD 0.3 / sqrt(2), 1 df: half-width t_{0.975, 1} * SD / sqrt(2)
+    # = tan(0.475 pi) * 0.15 = 12.7062 * 0.15 = 1.9059
+    half = math.tan(0.475 * math.pi) * 0.15
+    assert d.final_success.interval == pytest.approx((0.15 - half, 0.15 + half))
+    assert d.final_success.sd == pytest.approx(0.3 / math.sqrt(2))
 
 
 def test_baseline_is_graphgpo_when_it_ran_else_the_first_method():
@@ -120,8 +109,7 @@ def test_baseline_is_graphgpo_when_it_ran_else_the_first_method():
 
 def test_one_shared_seed_has_no_interval_and_none_shared_has_no_estimate():
     one = paired_differences([run("graphgpo", 0, [0.2]), run("mcgpo", 0, [0.5])])
-    assert one[0].final_success.mean == pytest.approx(0.3)
-    assert one[0].final_success.interval is None
+    assert one[0].final_success == PairedEstimate(pytest.approx(0.3), None, None, None)
     none = paired_differences([run("graphgpo", 0, [0.2]), run("mcgpo", 1, [0.5])])
     assert none[0].seeds == () and none[0].final_success is None
 
@@ -137,7 +125,6 @@ def test_reproducible_and_independent_of_run_order():
     assert [d.final_success for d in paired_differences(shuffled) if d.method == "mcgpo"] == [
         d.final_success for d in first if d.method == "mcgpo"
     ]
-    assert bootstrap_interval([0.1, 0.4, 0.2]) == bootstrap_interval([0.1, 0.4, 0.2])
 
 
 def test_bad_input_is_one_line():
@@ -147,13 +134,8 @@ def test_bad_input_is_one_line():
         paired_differences([run("mcgpo", 0, [0.1])], baseline="gigpo")
     with pytest.raises(ValueError, match="no evaluation points"):
         paired_differences([RunResult("mcgpo", 0, ())])
-    with pytest.raises(ValueError, match=r"^level must be in \(0, 1\), got 1.5$"):
-        bootstrap_interval([0.1, 0.2], level=1.5)
-    with pytest.raises(ValueError, match=r"^resamples must be >= 1, got 0$"):
-        bootstrap_interval([0.1, 0.2], resamples=0)
     with pytest.raises(ValueError, match="non-finite"):
-        bootstrap_interval([0.1, float("nan")])
-    assert bootstrap_interval([0.3]) is None and bootstrap_interval([]) is None
+        paired_differences([run("graphgpo", 0, [0.1]), run("mcgpo", 0, [float("nan")])])
 
 
 def test_rendered_under_the_main_table():
@@ -165,9 +147,17 @@ def test_rendered_under_the_main_table():
     assert "| graphgpo | 3 |" in main_table and "Integrated success |" in main_table
     lines = paired.splitlines()
     assert lines[0] == " (method - graphgpo, per seed)"
-    assert "| mcgpo | 3 | +200.0 | [+100.0, +300.0] | +100.0 | [+50.0, +150.0] |" in lines
-    assert "| grpo | 1 | -25.0 | n/a | -12.5 | n/a |" in lines
-    assert "10,000 resamples, resampling seed 0" in paired
+    assert lines[2].startswith("| Method | n | Final success Δ | 95 % t-interval | MDE (80 %) |")
+    # final: 100 x (2 +- 2.48414) and 100 x 3.2640 (test_golden_one_two_three); integrated:
+    # half of each
+    assert (
+        "| mcgpo | 3 | +200.0 | [-48.4, +448.4] | 326.4 | +100.0 | [-24.2, +224.2] | 163.2 |"
+        in lines
+    )
+    assert "| grpo | 1 | -25.0 | n/a | n/a | -12.5 | n/a | n/a |" in lines
+    assert "paired t-interval Δ ± t(0.975, n−1) · SD / √n" in paired
+    assert "detects with 80 % power" in paired and "noncentral t" in paired
+    assert "These sections print 2 intervals" in paired  # grpo's single seed has none
     # without paired differences the table is as before
     assert "Paired" not in render_results_md(summarise(runs), title="t")
 

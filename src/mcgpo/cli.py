@@ -1,4 +1,4 @@
-"""The ``mcgpo`` command and its nine subcommands.
+"""The ``mcgpo`` command and its ten subcommands.
 
 * ``sft``, ``train``, ``eval``: the run commands. Every field of
   :class:`~mcgpo.training.config.RunConfig` that the command takes
@@ -11,8 +11,9 @@
   resolve as dataclass defaults < ``--preset`` < flags.
 * ``report``: the held-out success of run folders side by side.
 * ``presets``: the shipped presets, each with the command on its first line.
-* ``bench``, ``ablate``, ``sweep`` (:mod:`mcgpo.bench.commands`) and ``alfworld-generate``
-  (the alfworld extra) parse their own options.
+* ``bench``, ``ablate``, ``sweep`` (:mod:`mcgpo.bench.commands`), ``alfworld-generate``
+  (the alfworld extra) and ``env serve`` (:mod:`mcgpo.envs.serving.command`, the serve
+  extra) parse their own options.
 
 A bad command line (unknown option, bad value, unknown algorithm, missing model folder, no
 checkpoint to resume) prints one line on stderr and exits with code 2, never a traceback.
@@ -251,12 +252,19 @@ def _alfworld_generate(argv: list[str]) -> int:
     return generate_main(argv)
 
 
+def _env(argv: list[str]) -> int:
+    from mcgpo.envs.serving.command import main as env_main
+
+    return env_main(argv)
+
+
 # Commands with their own option parsers (mcgpo <command> --help shows them).
 DELEGATED: dict[str, tuple[Any, str]] = {
     "bench": (_bench, "compare methods over seeds from one warm start: results.md, plots"),
     "ablate": (_ablate, "MCGPO's factorial controls in the bench format"),
     "sweep": (_sweep, "MCGPO's hyper-parameters, one at a time around the defaults"),
     "alfworld-generate": (_alfworld_generate, "generate ALFWorld-style games offline (extra)"),
+    "env": (_env, "env serve: serve an environment over HTTP (docs/envs/serving.md)"),
 }
 
 
@@ -269,8 +277,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not argv or argv[0] not in (*COMMANDS, "presets", "report"):
             parser.parse_args(argv)  # handles --help; anything else is an error
             raise UsageError(
-                "choose a command: sft, train, eval, bench, ablate, sweep, presets, report "
-                "or alfworld-generate"
+                "choose a command: sft, train, eval, bench, ablate, sweep, presets, report, "
+                "alfworld-generate or env"
             )
         command = argv[0]
         if command == "presets":

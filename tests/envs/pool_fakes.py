@@ -2,7 +2,7 @@
 
 A fault is keyed by (seed, turn): the environment reset with ``seed`` fails on its
 ``turn``-th step (1-based) by raising, hanging, exiting the process (``os._exit``) or
-segfaulting. Give each slot its own seed to aim a fault at one slot. A reset of a seed listed
+segfaulting, or is slow (answers normally after SLOW_SECONDS). Give each slot its own seed to aim a fault at one slot. A reset of a seed listed
 in the environment variable ``POOL_FAKES_FAIL_RESETS`` ("101,107") raises: set after a pool
 has started, it reaches only workers started later (the restarted ones), so it makes their
 replays fail.
@@ -13,12 +13,14 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
+import time
 from dataclasses import dataclass, field
 
 from mcgpo.envs import Observation, StepResult
 from mcgpo.envs.household import HouseholdEnv
 
-KINDS = ("raise", "hang", "exit", "segfault")
+KINDS = ("raise", "hang", "exit", "segfault", "slow")
+SLOW_SECONDS = 3.0  # how long a "slow" step takes before it answers normally
 
 
 class FaultEnv:
@@ -60,6 +62,8 @@ class FaultEnv:
             os._exit(3)
         if kind == "segfault":
             ctypes.string_at(0)  # reads address 0: SIGSEGV
+        if kind == "slow":
+            time.sleep(SLOW_SECONDS)
 
 
 @dataclass(frozen=True)

@@ -60,11 +60,22 @@ def _textworld_express(**options: Any) -> Env:
     return TextWorldExpressEnv(**options)
 
 
+def _remote(**options: Any) -> Env:
+    try:
+        from mcgpo.envs.serving.client import RemoteEnv
+    except ImportError as err:  # httpx missing: one line naming the extra
+        raise ImportError(
+            f"the remote environment needs the serve extra ({err}): pip install 'mcgpo[serve]'"
+        ) from None
+    return RemoteEnv(**options)
+
+
 BUILT_IN: dict[str, Callable[..., Env]] = {
     "household": _household,
     "webshop": _webshop,
     "alfworld": _alfworld,
     "textworld-express": _textworld_express,
+    "remote": _remote,  # an environment served by `mcgpo env serve` (docs/envs/serving.md)
 }
 
 

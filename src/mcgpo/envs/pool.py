@@ -26,9 +26,11 @@ number of seeds) raise ``PoolError`` before any environment is touched.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import numbers
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from types import TracebackType
 from typing import Any
 
@@ -41,6 +43,7 @@ _MAX_MESSAGE = 300
 # Seconds a step in a worker may take: real ALFWorld steps take about 0.06 s and its resets
 # (game loading) a few seconds, so a minute only catches what is truly stuck.
 DEFAULT_STEP_TIMEOUT = 60.0
+MAX_THREADS = 64  # threads stepping I/O-bound environments (``concurrent_steps``) at once
 
 
 class PoolError(ValueError):
@@ -53,19 +56,24 @@ def _one_line(phase: str, text: str) -> str:
     return text if len(text) <= _MAX_MESSAGE else text[: _MAX_MESSAGE - 3] + "..."
 
 
-def _run_here(envs: Sequence[Env], jobs: dict[int, tuple]) -> dict[int, tuple[bool, Any]]:
-    """Each slot's job ("reset", seed, split) or ("step", action), in slot order."""
-    out: dict[int, tuple[bool, Any]] = {}
-    for i in sorted(jobs):
-        job = jobs[i]
-        try:
-            if job[0] == "reset":
-                out[i] = (True, envs[i].reset(seed=job[1], split=job[2]))
-            else:
-                out[i] = (True, envs[i].step(job[1]))
-        except Exception as exc:  # isolate the slot; the message is kept in .errors
-            out[i] = (False, describe(exc))
-    return out
+def _run_one(env: Env, job: tuple) -> tuple[bool, Any]:
+    """One slot's job ("reset", seed, split) or ("step", action)."""
+    try:
+        if job[0] == "reset":
+            return True, env.reset(seed=job[1], split=job[2])
+        return True, env.step(job[1])
+    except Exception as exc:  # isolate the slot; the message is kept in .errors
+        return False, describe(exc)
+
+
+def _run_here(
+    envs: Sequence[Env], jobs: dict[int, tuple], threads: ThreadPoolExecutor | None
+) -> dict[int, tuple[bool, Any]]:
+    """Each slot's job, in slot order; at once from ``threads`` when given (remote envs)."""
+    if threads is None or len(jobs) < 2:
+        return {i: _run_one(envs[i], jobs[i]) for i in sorted(jobs)}
+    futures = {i: threads.submit(_run_one, envs[i], jobs[i]) for i in sorted(jobs)}
+    return {i: futures[i].result() for i in sorted(futures)}
 
 
 class EnvPool:
@@ -81,6 +89,13 @@ class EnvPool:
         self.envs: list[Env] | None = list(envs)
         self._workers: WorkerSet | None = None
         self.max_turns = [int(env.max_turns) for env in self.envs]
+        # environments that wait on I/O (a served env's HTTP calls) step at once from threads
+        concurrent = all(getattr(env, "concurrent_steps", False) for env in self.envs)
+        self._threads = (
+            ThreadPoolExecutor(min(len(self.envs), MAX_THREADS), thread_name_prefix="mcgpo-pool")
+            if concurrent and len(self.envs) > 1
+            else None
+        )
         self._setup(len(self.envs))
 
     @classmethod
@@ -106,6 +121,7 @@ class EnvPool:
             raise PoolError(f"step_timeout must be a finite number > 0, got {step_timeout!r}")
         pool = cls.__new__(cls)
         pool.envs = None
+        pool._threads = None
         pool._workers = WorkerSet(factory, n_envs, workers, float(step_timeout))
         pool.max_turns = list(pool._workers.max_turns)
         pool._setup(n_envs)
@@ -137,9 +153,18 @@ class EnvPool:
         self.close()
 
     def close(self) -> None:
-        """Stop the worker processes (nothing to do in process); safe to call twice."""
+        """Stop the worker processes, or close the environments that have a ``close``
+        (a served env's session); safe to call twice."""
         if self._workers is not None:
             self._workers.close()
+        if self._threads is not None:
+            self._threads.shutdown(wait=True)
+            self._threads = None
+        for env in self.envs or []:
+            close = getattr(env, "close", None)
+            if callable(close):
+                with contextlib.suppress(Exception):  # best effort: nothing is lost
+                    close()
 
     def processes(self) -> list[Any]:
         """The live worker processes (``multiprocessing.Process``); [] in process."""
@@ -209,7 +234,7 @@ class EnvPool:
     def _run(self, jobs: dict[int, tuple]) -> dict[int, tuple[bool, Any]]:
         if self._workers is None:
             assert self.envs is not None
-            return _run_here(self.envs, jobs)
+            return _run_here(self.envs, jobs, self._threads)
         return self._workers.run(jobs)
 
     def _lost(self) -> dict[int, str]:

@@ -2,7 +2,7 @@
 
 Each worker is a ``multiprocessing`` process that owns the environments of its slots (slot
 ``i`` lives in worker ``i % workers``), built there from a picklable factory
-(:class:`EnvSpec`). The parent sends a worker the list of its slots' jobs (reset, step) and
+(:class:`EnvSpec`). The parent sends a worker the list of its slots' jobs (reset, step, expert) and
 the worker answers slot by slot, so the parent knows which slot a worker is busy with.
 
 A slot's job fails when its environment raises (the worker goes on), when it runs past
@@ -88,6 +88,8 @@ def _run_job(env: Any, job: tuple) -> Any:
         return env.reset(seed=job[1], split=job[2])
     if kind == "step":
         return env.step(job[1])
+    if kind == "expert":
+        return env.expert_action()
     _, seed, split, actions = job  # "replay": rebuild the state after a restart
     env.reset(seed=seed, split=split)
     for action in actions:
@@ -195,6 +197,15 @@ class WorkerSet:
         """The current worker processes (for tests and monitoring)."""
         return [worker.process for worker in self._workers]
 
+    def forget(self, slot: int) -> None:
+        """Drop a slot's history: a restart will not replay it (its episode was abandoned)."""
+        self._history.pop(slot, None)
+        self.lost.pop(slot, None)
+
+    def broken(self, slot: int) -> str | None:
+        """Why the worker of ``slot`` could not be restarted, or None while it works."""
+        return self._broken.get(slot % len(self._workers))
+
     def run(self, jobs: dict[int, tuple]) -> dict[int, tuple[bool, Any]]:
         """Run each slot's job in its worker, all workers at once; see the class docstring."""
         if self._finalizer.alive is False:
@@ -269,6 +280,8 @@ class WorkerSet:
         results[slot] = (ok, value)
         if not ok:
             self._history.pop(slot, None)
+        elif job[0] == "expert":  # reads the state, changes nothing
+            return
         elif job[0] == "reset":
             self._history[slot] = (job[1], job[2], [])
         elif getattr(value, "done", True) is False:

@@ -1,0 +1,268 @@
+"""``mcgpo env serve``: one registered environment over HTTP (Starlette on uvicorn).
+
+Endpoints (docs/envs/serving.md gives every body): ``GET /health``; ``GET /v1/spec`` (the
+environment's name, options, turn limit, step timeout); ``POST /v1/sessions`` (open one,
+idempotent for a client-chosen id); ``POST /v1/sessions/{id}/reset``, ``.../step``;
+``GET /v1/sessions/{id}/expert``; ``DELETE /v1/sessions/{id}``. Sessions live in worker
+processes (:mod:`mcgpo.envs.serving.sessions`); the environment calls run in a thread pool
+so the event loop keeps answering while steps run.
+
+Errors are ``{"error": {"code", "message"}}``: a bad request is a 4xx naming what is wrong
+(malformed JSON, a missing or mistyped field, an unknown session, a body over
+``max_body_bytes``), and the server goes on serving. An environment that raises, times out
+or crashes ends its session: 500 ``env_error``, 504 ``env_timeout``, 502 ``env_crash``.
+
+Security: the server binds 127.0.0.1 unless told otherwise, and will not bind any other
+address without a shared-secret token, which every request but ``/health`` must then carry in
+the ``X-MCGPO-Token`` header (compared in constant time). Bodies are JSON only. On SIGTERM
+(or SIGINT) it opens no more sessions, lets the requests in flight finish, then stops its
+workers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from mcgpo.envs.serving.security import same_token
+from mcgpo.envs.serving.sessions import EnvFailure, SessionTable
+from mcgpo.envs.serving.wire import (
+    PROTOCOL,
+    TOKEN_HEADER,
+    WireError,
+    check_body,
+    error_body,
+    json_bytes,
+    observation_json,
+    step_result_json,
+)
+
+__all__ = ["DEFAULT_MAX_BODY", "Server", "build_app"]
+
+DEFAULT_MAX_BODY = 1 << 20  # bytes of a request body (an action is a line of text)
+_OPEN = {"session": ("string", False), "env": ("string", False), "options": ("object", False)}
+_RESET = {"seed": ("integer", True), "split": ("string", False)}
+_STEP = {"action": ("string", True)}
+
+
+def _json(body: Any, status: int = 200) -> Response:
+    return Response(json_bytes(body), status_code=status, media_type="application/json")
+
+
+def _error(status: int, code: str, message: str, **extra: Any) -> Response:
+    return _json(error_body(code, message, **extra), status)
+
+
+async def _body(request: Request, limit: int) -> bytes:
+    """The request body, or WireError 413 once it passes ``limit`` bytes."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise WireError(
+            413, "body_too_large", f"the body has {declared} bytes; the limit is {limit}"
+        )
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise WireError(413, "body_too_large", f"the body passes the limit of {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def build_app(
+    table: SessionTable,
+    *,
+    token: str | None = None,
+    max_body: int = DEFAULT_MAX_BODY,
+    reap_every: float | None = None,
+) -> Starlette:
+    """The ASGI app serving ``table`` (already started); see the module docstring."""
+    threads = ThreadPoolExecutor(table.max_sessions + 4, thread_name_prefix="mcgpo-serve")
+
+    async def blocking(fn: Callable[..., Any], *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(threads, fn, *args)
+
+    def authorised(request: Request) -> None:
+        if token is None:
+            return
+        if not same_token(request.headers.get(TOKEN_HEADER, ""), token):
+            raise WireError(401, "unauthorized", f"missing or wrong {TOKEN_HEADER} header")
+
+    def endpoint(
+        handler: Callable[[Request], Awaitable[Response]], *, open_: bool = False
+    ) -> Callable[[Request], Awaitable[Response]]:
+        async def wrapped(request: Request) -> Response:
+            try:
+                if not open_:
+                    authorised(request)
+                return await handler(request)
+            except WireError as err:
+                return _error(err.status, err.code, err.message)
+            except EnvFailure as err:
+                return _error(err.status, err.code, str(err), session_ended=True)
+
+        return wrapped
+
+    async def health(request: Request) -> Response:
+        status = "draining" if table.draining else "ok"
+        body = {"status": status, "env": table.env_name, "protocol": PROTOCOL, **table.stats()}
+        return _json(body, 503 if table.draining else 200)
+
+    async def spec(request: Request) -> Response:
+        return _json(
+            {
+                "env": table.env_name,
+                "options": table.options,
+                "max_turns": table.max_turns,
+                "step_timeout": table.step_timeout,
+                "max_sessions": table.max_sessions,
+                "protocol": PROTOCOL,
+            }
+        )
+
+    async def open_session(request: Request) -> Response:
+        body = check_body(await _body(request, max_body), _OPEN)
+        env = body.get("env", table.env_name)
+        if env != table.env_name:
+            raise WireError(
+                404, "unknown_env", f"this server serves {table.env_name!r}, not {env!r}"
+            )
+        if "options" in body:
+            _same_options(body["options"], table.options)
+        session, new = await blocking(table.open, body.get("session"))
+        return _json(
+            {
+                "session": session.id,
+                "env": table.env_name,
+                "max_turns": session.max_turns,
+                "step_timeout": table.step_timeout,
+            },
+            201 if new else 200,
+        )
+
+    async def reset(request: Request) -> Response:
+        sid = request.path_params["sid"]
+        body = check_body(await _body(request, max_body), _RESET)
+        obs = await blocking(table.reset, sid, body["seed"], body.get("split", "train"))
+        return _encoded(table, sid, lambda: {"observation": observation_json(obs)})
+
+    async def step(request: Request) -> Response:
+        sid = request.path_params["sid"]
+        body = check_body(await _body(request, max_body), _STEP)
+        res = await blocking(table.step, sid, body["action"])
+        return _encoded(table, sid, lambda: step_result_json(res))
+
+    async def expert(request: Request) -> Response:
+        action = await blocking(table.expert, request.path_params["sid"])
+        return _json({"action": action})
+
+    async def close(request: Request) -> Response:
+        sid = request.path_params["sid"]
+        await blocking(table.close, sid)
+        return _json({"closed": sid})
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        message = f"{request.method} {request.url.path}: {exc.detail}"
+        return _error(exc.status_code, code, message)
+
+    async def internal(request: Request, exc: Exception) -> Response:
+        return _error(500, "internal", f"{type(exc).__name__}: {exc}")
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        reaper = asyncio.create_task(_reap(table, blocking, reap_every))
+        try:
+            yield
+        finally:
+            reaper.cancel()
+            await blocking(table.shutdown)
+            threads.shutdown(wait=False)
+
+    routes = [
+        Route("/health", endpoint(health, open_=True), methods=["GET"]),
+        Route("/v1/spec", endpoint(spec), methods=["GET"]),
+        Route("/v1/sessions", endpoint(open_session), methods=["POST"]),
+        Route("/v1/sessions/{sid}/reset", endpoint(reset), methods=["POST"]),
+        Route("/v1/sessions/{sid}/step", endpoint(step), methods=["POST"]),
+        Route("/v1/sessions/{sid}/expert", endpoint(expert), methods=["GET"]),
+        Route("/v1/sessions/{sid}", endpoint(close), methods=["DELETE"]),
+    ]
+    return Starlette(
+        routes=routes,
+        exception_handlers={HTTPException: http_error, Exception: internal},
+        lifespan=lifespan,
+    )
+
+
+def _same_options(given: Mapping[str, Any], served: Mapping[str, Any]) -> None:
+    """WireError 409 naming the first option a client asks differently from the server."""
+    for key in sorted(set(given) | set(served)):
+        if key not in served or key not in given or given[key] != served[key]:
+            want = json.dumps(given.get(key, "(default)"))
+            have = json.dumps(served.get(key, "(default)"))
+            raise WireError(
+                409,
+                "options_mismatch",
+                f"option {key!r}: the request asks {want}, this server's environment has "
+                f"{have} (start the server with the same --env.<option> values)",
+            )
+
+
+def _encoded(table: SessionTable, sid: str, body: Callable[[], Any]) -> Response:
+    """The body as JSON; a value JSON cannot hold ends the session (500 env_error)."""
+    try:
+        return _json(body())
+    except (TypeError, ValueError) as err:
+        with contextlib.suppress(WireError):
+            table.close(sid, f"its result is not JSON: {err}")
+        return _error(500, "env_error", f"the result is not JSON: {err}", session_ended=True)
+
+
+async def _reap(table: SessionTable, blocking: Any, every: float | None) -> None:
+    """Close idle sessions every ``every`` seconds (default: a quarter of the idle timeout)."""
+    period = every if every is not None else max(1.0, table.idle_timeout / 4)
+    while True:
+        await asyncio.sleep(period)
+        await blocking(table.reap)
+
+
+class Server(uvicorn.Server):
+    """uvicorn's server, draining the session table on SIGTERM / SIGINT before it stops;
+    ``on_started(url)`` is called once it listens."""
+
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        table: SessionTable,
+        on_started: Callable[[str], None] | None = None,
+    ) -> None:
+        super().__init__(config)
+        self.table = table
+        self.on_started = on_started
+
+    async def startup(self, sockets: Any = None) -> None:
+        await super().startup(sockets)
+        if self.started and self.on_started is not None:
+            self.on_started(self.url())
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        self.table.drain()
+        super().handle_exit(sig, frame)
+
+    def url(self) -> str:
+        """``http://HOST:PORT`` with the port actually bound (port 0 picks one)."""
+        host, port = self.servers[0].sockets[0].getsockname()[:2]
+        return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"

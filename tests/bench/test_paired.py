@@ -166,7 +166,7 @@ def test_one_section_per_baseline_and_ablate_adds_mcgpo(tmp_path, capsys):
     # Final successes per seed: graphgpo 0.1 / 0.2, mcgpo 0.2 / 0.4, control 0.3 / 0.4.
     # Against graphgpo: mcgpo +10 / +20 -> +15.0; control +20 / +20 -> +20.0.
     # Against mcgpo: graphgpo -10 / -20 -> -15.0; control +10 / 0 -> +5.0.
-    from mcgpo.bench.commands import _write_results
+    from mcgpo.bench.report import write_results
 
     runs = [run("graphgpo", 0, [0.0, 0.1]), run("graphgpo", 1, [0.0, 0.2])]
     runs += [run("mcgpo", 0, [0.0, 0.2]), run("mcgpo", 1, [0.0, 0.4])]
@@ -179,8 +179,8 @@ def test_one_section_per_baseline_and_ablate_adds_mcgpo(tmp_path, capsys):
     assert vs_mcgpo.startswith("mcgpo (method - mcgpo, per seed)")
     assert "| graphgpo | 2 | -15.0 |" in vs_mcgpo and "| mcgpo/uniform | 2 | +5.0 |" in vs_mcgpo
     # the ablation writes both sections; a bench only the one against graphgpo
-    _write_results("ablate", tmp_path, runs, [])
+    write_results("ablate", tmp_path, runs, [])
     assert (tmp_path / "results.md").read_text().count("## Paired difference against ") == 2
-    _write_results("bench", tmp_path, runs, [])
+    write_results("bench", tmp_path, runs, [])
     assert (tmp_path / "results.md").read_text().count("## Paired difference against ") == 1
     capsys.readouterr()

@@ -3,8 +3,9 @@
 All three share one flow (see :mod:`mcgpo.bench.runner`): warm start once, run every
 (variant, seed) as its own process from the same warm-started policy, then aggregate the
 evaluations into ``results.md`` (mean ± SD over seeds, and each method's paired difference
-against GraphGPO, or the first method, with a 95 % bootstrap interval), plots and the raw
-points.
+against GraphGPO, or the first method, with its 95 % paired t-interval and minimum detectable
+effect), plots and the raw points. With ``--report-only`` they only re-render ``results.md``
+from the finished runs in ``--out`` (:mod:`mcgpo.bench.report`).
 
 * ``bench``: the methods named by ``--algos`` with their default options.
 * ``ablate``: MCGPO's controls (seed 000, "Factorial controls"): opposite-fold vs same-fold
@@ -29,15 +30,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from mcgpo.bench.plots import plot_learning_curves, plot_task_type_bars
-from mcgpo.bench.results import (
-    RunResult,
-    paired_differences,
-    render_results_md,
-    summarise,
-    write_atomic,
-    write_points_jsonl,
-)
+from mcgpo.bench.report import report_finished, write_results
 from mcgpo.bench.runner import (
     Variant,
     cli_command,
@@ -122,6 +115,13 @@ def _parser(prog: str, description: str) -> argparse.ArgumentParser:
         "only (the policy it fine-tunes); out, seed, threads, progress and resume are the "
         "benchmark's own",
     )
+    p.add_argument(
+        "--report-only",
+        action="store_true",
+        help="no warm start, no training: re-render results.md from the runs of this command "
+        "line that finished in --out (their metrics.jsonl; a folder saved by "
+        "scripts/bench_carry.py will do), keeping its header; plots and evals.jsonl stay",
+    )
     return p
 
 
@@ -130,8 +130,8 @@ def bench_main(argv: Sequence[str] | None = None) -> int:
         "mcgpo bench",
         "Compare methods over seeds from one warm-started policy. results.md holds success "
         "mean ± SD over seeds and, under it, each method's paired difference against "
-        "graphgpo (or the first method): mean over shared seeds and a 95 % bootstrap "
-        "interval.",
+        "graphgpo (or the first method): mean over shared seeds, 95 % paired t-interval and "
+        "the minimum detectable effect at 80 % power.",
     )
     p.add_argument(
         "--algos",
@@ -250,6 +250,9 @@ def _run(command: str, args: argparse.Namespace, variants: Sequence[Variant]) ->
     try:
         seeds = _seeds(args.seeds)
         extra, warm_extra = _set_flags(args.set)
+        if args.report_only:
+            out = Path(args.out or f"runs/{command}-{Path(args.preset).stem}")
+            return report_finished(command, args.argv, out, variants, seeds)
         if args.model is not None and "--model" in warm_extra:
             raise _BadInput("give --model (no warm start) or --set model (warm-start it), not both")
         if args.model is not None and args.model != "tiny" and not Path(args.model).is_dir():
@@ -285,7 +288,7 @@ def _run(command: str, args: argparse.Namespace, variants: Sequence[Variant]) ->
     ]
     if failed:
         header.append(f"Runs that failed and are left out: {', '.join(failed)}.")
-    _write_results(command, out, runs, header)
+    write_results(command, out, runs, header)
     return 0 if not failed else 1
 
 
@@ -346,27 +349,6 @@ def _warm_start(command: str, warm: Path, flags: Sequence[str]) -> str | None:
         print(f"mcgpo {command}: warm start failed, see {warm / 'bench.log'}", file=sys.stderr)
         return None
     return str(model)
-
-
-def _write_results(command: str, out: Path, runs: Sequence[RunResult], header: list[str]) -> None:
-    """results.md (printed too; the paired differences against the baseline under the main
-    table), evals.jsonl, curves.png and, with task types, task_types.png. The baseline is
-    GraphGPO if it ran, else the first method; ``mcgpo ablate`` adds each control against
-    default MCGPO (the method the control changes)."""
-    summaries = summarise(runs)
-    paired = paired_differences(runs)
-    methods = {r.method for r in runs}
-    if command == "ablate" and "mcgpo" in methods and paired and paired[0].baseline != "mcgpo":
-        paired += paired_differences(runs, baseline="mcgpo")
-    write_atomic(
-        out / "results.md",
-        render_results_md(summaries, title=f"mcgpo {command}", header_lines=header, paired=paired),
-    )
-    write_points_jsonl(out / "evals.jsonl", runs)
-    plot_learning_curves(runs, out / "curves.png")
-    if any(s.per_type for s in summaries):
-        plot_task_type_bars(summaries, out / "task_types.png")
-    print((out / "results.md").read_text(encoding="utf-8"))
 
 
 def _warm_start_takes(key: str) -> bool:

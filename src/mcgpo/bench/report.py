@@ -1,0 +1,132 @@
+"""Write a benchmark's tables: after its runs, or again from finished runs alone.
+
+:func:`write_results` is the last step of ``mcgpo bench`` / ``ablate`` / ``sweep``.
+:func:`report_finished` is their ``--report-only`` mode: it reads the finished runs
+(``runs/<label>-s<seed>/`` with ``bench-done.json``; the metrics are enough, so a folder
+carried by ``scripts/bench_carry.py`` will do) and re-renders ``results.md`` without a warm
+start or any training, e.g. after the table's statistics changed (issue 35). It rewrites
+``results.md`` only; the plots and ``evals.jsonl`` stay as they are.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from mcgpo.bench.plots import plot_learning_curves, plot_task_type_bars
+from mcgpo.bench.results import (
+    RunResult,
+    paired_differences,
+    render_results_md,
+    summarise,
+    write_atomic,
+    write_points_jsonl,
+)
+from mcgpo.bench.runner import Variant, load_run_result, plan_runs, run_status
+
+__all__ = ["REPORT_NOTE", "kept_header", "report_finished", "write_results"]
+
+# the header line that marks a results.md re-rendered by --report-only
+REPORT_NOTE = "Tables re-rendered from the finished runs' metrics"
+# header lines that describe the runs at the time of writing, not the tables: dropped when a
+# header is kept, and written again for the runs found now
+_STALE = (REPORT_NOTE, "Runs that failed and are left out", "Runs not finished and left out")
+
+
+def write_results(
+    command: str,
+    out: Path,
+    runs: Sequence[RunResult],
+    header: list[str],
+    *,
+    tables_only: bool = False,
+) -> None:
+    """results.md (printed too; the paired differences against the baseline under the main
+    table) and, unless ``tables_only``, evals.jsonl, curves.png and, with task types,
+    task_types.png. The baseline is GraphGPO if it ran, else the first method; ``mcgpo
+    ablate`` adds each control against default MCGPO (the method the control changes)."""
+    summaries = summarise(runs)
+    paired = paired_differences(runs)
+    methods = {r.method for r in runs}
+    if command == "ablate" and "mcgpo" in methods and paired and paired[0].baseline != "mcgpo":
+        paired += paired_differences(runs, baseline="mcgpo")
+    write_atomic(
+        out / "results.md",
+        render_results_md(summaries, title=f"mcgpo {command}", header_lines=header, paired=paired),
+    )
+    if not tables_only:
+        write_points_jsonl(out / "evals.jsonl", runs)
+        plot_learning_curves(runs, out / "curves.png")
+        if any(s.per_type for s in summaries):
+            plot_task_type_bars(summaries, out / "task_types.png")
+    print((out / "results.md").read_text(encoding="utf-8"))
+
+
+def kept_header(results_md: Path, command: str) -> list[str]:
+    """The header lines (command, preset, machine, date) of an existing ``results.md`` written
+    by ``mcgpo <command>``, without the lines about runs left out or an earlier re-render;
+    empty when the file is missing or another command wrote it."""
+    if not results_md.is_file():
+        return []
+    lines = results_md.read_text(encoding="utf-8").splitlines()
+    if not lines or lines[0] != f"# mcgpo {command}":
+        return []
+    header = []
+    for line in lines[1:]:
+        if line.startswith(("|", "#")):
+            break
+        if line.strip() and not line.startswith(_STALE):
+            header.append(line)
+    return header
+
+
+def report_finished(
+    command: str, argv: Sequence[str], out: Path, variants: Sequence[Variant], seeds: list[int]
+) -> int:
+    """Re-render ``out/results.md`` from the finished runs of ``variants`` x ``seeds``.
+
+    Returns 0 when every named run is finished, 1 when some are not (the table holds the
+    others and names them), 2 with a one-line error when there is nothing to report or a
+    finished run's metrics cannot be read."""
+    if not (out / "runs").is_dir():
+        return _error(command, f"--out {str(out)!r} has no runs/ folder: nothing to report")
+    plans = plan_runs(variants, seeds, out, common=[], threads=1)
+    finished = [p for p in plans if run_status(p.folder) == "done"]
+    if not finished:
+        return _error(
+            command,
+            f"no finished run under {str(out / 'runs')!r} for these methods and seeds "
+            f"(looked for {plans[0].folder.name}, ...)",
+        )
+    missing = [str(p.folder) for p in plans if p not in finished]
+    runs = []
+    for plan in finished:
+        try:
+            run = load_run_result(plan.variant.label, plan.seed, plan.folder)
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            reason = f"{type(err).__name__}: {err}".splitlines()[0]
+            return _error(command, f"{plan.folder}: unreadable metrics.jsonl ({reason})")
+        if not run.points:
+            return _error(command, f"{plan.folder}: metrics.jsonl has no evaluation")
+        runs.append(run)
+    shown = " ".join(a for a in argv if a != "--report-only")
+    header = kept_header(out / "results.md", command) or [
+        f"Command: `mcgpo {command} {shown}`".rstrip(),
+        f"Seeds: {', '.join(map(str, seeds))}.",
+    ]
+    header.append(
+        f"{REPORT_NOTE} by `mcgpo {command} {' '.join(argv)}` on {dt.date.today().isoformat()} "
+        "(no training; plots and evals.jsonl as the runs left them)."
+    )
+    if missing:
+        header.append(f"Runs not finished and left out: {', '.join(missing)}.")
+        print(f"mcgpo {command}: {len(missing)} runs not finished, left out", file=sys.stderr)
+    write_results(command, out, runs, header, tables_only=True)
+    return 1 if missing else 0
+
+
+def _error(command: str, message: str) -> int:
+    print(f"mcgpo {command}: error: {message}", file=sys.stderr)
+    return 2

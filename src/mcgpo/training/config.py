@@ -195,10 +195,23 @@ class TrainConfig:
     old_logprobs: str = _opt(
         "auto",
         "pi_old from the sampler, or recompute (a no-grad training forward before the "
-        "update); auto = recompute unless precision is fp32 and rollout.engine is hf",
+        "update); auto = recompute unless precision is fp32, rollout.engine is hf and "
+        "train.rollout_correction is auto or none",
     )
     old_logprobs_check: bool = _opt(
         False, "with pi_old from the sampler, still run that forward to log pi_old/* mismatch"
+    )
+    rollout_correction: str = _opt(
+        "auto",
+        "importance weights pi_old / sampler on the policy-gradient tokens: none, tis "
+        "(truncated at the cap), mis (masked outside [1/cap, cap]); auto = tis when "
+        "rollout.engine is vllm or precision is not fp32, else none (docs/training.md)",
+    )
+    rollout_correction_level: str = _opt(
+        "token", "rollout correction per token, or per sequence (a response's ratio product)"
+    )
+    rollout_correction_cap: float = _opt(
+        2.0, "tis: weights truncated at it; mis: ratios outside [1/cap, cap] masked; > 1"
     )
     tf32: bool = _opt(True, "TF32 matmuls for float32 on CUDA (no effect on CPU)")
     pair_grad_probe: bool = _opt(
@@ -228,12 +241,41 @@ class TrainConfig:
 
         _choice("train.precision", self.precision, PRECISIONS)
         _choice("train.old_logprobs", self.old_logprobs, OLD_LOGPROBS)
+        from mcgpo.objectives import ROLLOUT_CORRECTION_LEVELS, ROLLOUT_CORRECTIONS
+
+        _choice("train.rollout_correction", self.rollout_correction, ("auto", *ROLLOUT_CORRECTIONS))
+        _choice(
+            "train.rollout_correction_level",
+            self.rollout_correction_level,
+            ROLLOUT_CORRECTION_LEVELS,
+        )
+        cap = self.rollout_correction_cap
+        if not 1 < cap < float("inf"):
+            raise ConfigError(f"train.rollout_correction_cap must be > 1 and finite, got {cap}")
+        if self.rollout_correction in ("tis", "mis") and self.old_logprobs == "sampler":
+            raise ConfigError(
+                f"train.rollout_correction {self.rollout_correction} needs pi_old from a "
+                f"training forward (train.old_logprobs recompute or auto): with pi_old from "
+                f"the sampler every ratio pi_old / sampler is 1"
+            )
 
     def recompute_old(self) -> bool:
-        """Whether pi_old comes from a training forward (``old_logprobs``, auto resolved)."""
+        """Whether pi_old comes from a training forward (``old_logprobs``, auto resolved:
+        also when a rollout correction is asked for, which compares the two)."""
         if self.old_logprobs == "auto":
-            return self.precision != "fp32"
+            return self.precision != "fp32" or self.rollout_correction in ("tis", "mis")
         return self.old_logprobs == "recompute"
+
+    def correction(self, engine: str = "hf") -> str:
+        """``rollout_correction`` with auto resolved for ``rollout.engine``: tis where the
+        sampler's kernels or precision differ from the update's (vllm, or precision not
+        fp32), none with mcgpo's fp32 samplers (their log-probs equal the training
+        forward's to ~1e-6) and whenever pi_old is the sampler's (every ratio is 1)."""
+        if self.rollout_correction != "auto":
+            return self.rollout_correction
+        if self.old_logprobs == "sampler":
+            return "none"
+        return "tis" if engine == "vllm" or self.precision != "fp32" else "none"
 
 
 @dataclass(frozen=True)

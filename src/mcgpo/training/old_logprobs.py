@@ -13,7 +13,9 @@ before each update (its ``recompute_log_prob``, the default); ``train.old_logpro
 :func:`recompute_log_probs` runs the training forward without gradients over the update's
 own micro-batches, in the update's precision, so that the first optimiser step sees a ratio
 of exactly 1 (tested on CPU in bf16). :func:`mismatch_stats` measures sampler against
-training forward (metrics ``pi_old/*``, docs/training.md).
+training forward (metrics ``pi_old/*``, docs/training.md). The sampler's own log-probs stay
+in the batch (``TokenBatch.behaviour_log_probs``): :func:`rollout_weights` compares the two
+for the rollout correction (``train.rollout_correction``, metrics ``rollout_correction/*``).
 """
 
 from __future__ import annotations
@@ -25,13 +27,19 @@ from typing import Any
 import numpy as np
 import torch
 
-from mcgpo.objectives import response_log_ratio
+from mcgpo.objectives import response_log_ratio, rollout_correction_weights
 from mcgpo.policy.logprobs import token_log_probs
 from mcgpo.policy.precision import compute
 from mcgpo.rollout.tokens import TokenBatch
 from mcgpo.training.config import TrainConfig
 
-__all__ = ["at_old_stats", "mismatch_stats", "old_log_probs_for_update", "recompute_log_probs"]
+__all__ = [
+    "at_old_stats",
+    "mismatch_stats",
+    "old_log_probs_for_update",
+    "recompute_log_probs",
+    "rollout_weights",
+]
 
 
 @torch.no_grad()
@@ -121,11 +129,32 @@ def old_log_probs_for_update(
         chunk_size=cfg.logits_chunk or None,
         pad_passes=pad_passes,
     )
-    stats = mismatch_stats(batch.old_log_probs, fresh, batch.response_mask)
+    stats = mismatch_stats(batch.behaviour_log_probs, fresh, batch.response_mask)
     stats["pi_old/recomputed"] = float(recompute)
     if recompute:
         batch = dataclasses.replace(batch, old_log_probs=fresh)
     return batch, stats
+
+
+def rollout_weights(
+    batch: TokenBatch, cfg: TrainConfig
+) -> tuple[torch.Tensor | None, dict[str, float]]:
+    """The rollout-correction weights of ``batch``'s tokens, pi_old against the sampler's
+    log-probs (:func:`mcgpo.objectives.rollout_correction_weights` with
+    ``train.rollout_correction*``), and their ``rollout_correction/*`` stats; (None, {})
+    when the correction is none (``auto`` is resolved by the run's setup; here it is
+    resolved as for the hf engine)."""
+    mode = cfg.correction()
+    if mode == "none":
+        return None, {}
+    return rollout_correction_weights(
+        batch.old_log_probs,
+        batch.behaviour_log_probs,
+        batch.response_mask,
+        mode=mode,
+        level=cfg.rollout_correction_level,
+        cap=cfg.rollout_correction_cap,
+    )
 
 
 def at_old_stats(probe: list[tuple[np.ndarray, float]]) -> dict[str, float]:

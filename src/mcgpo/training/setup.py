@@ -176,6 +176,11 @@ def setup_run(cfg: RunConfig, command: str = "", world: World = SINGLE) -> Run:
             cfg, train=dataclasses.replace(cfg.train, old_logprobs="recompute")
         )
         setup.cfg = cfg
+    if cfg.train.rollout_correction == "auto":  # tis where the engine's kernels differ
+        train = dataclasses.replace(
+            cfg.train, rollout_correction=cfg.train.correction(cfg.rollout.engine)
+        )
+        cfg = setup.cfg = dataclasses.replace(cfg, train=train)
     ref_model = None
     if cfg.train.kl_coef > 0:  # the initial policy, also when resuming
         ref_model = copy.deepcopy(model).eval().requires_grad_(False)

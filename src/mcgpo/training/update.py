@@ -35,7 +35,11 @@ Aggregation, stated exactly:
    are off-policy as usual): the sampler's log-probs, or, with ``train.old_logprobs``
    recompute (the default unless ``train.precision`` is fp32), a no-grad training forward
    over the same micro-batches before the first step (:mod:`mcgpo.training.old_logprobs`),
-   which makes the first step's ratio exactly 1. Inside a mini-batch the rows are laid out by
+   which makes the first step's ratio exactly 1. The sampler's own log-probs stay in the
+   batch: with ``train.rollout_correction`` tis / mis each token's policy-gradient loss is
+   weighted by pi_old / sampler, truncated or masked
+   (:func:`mcgpo.objectives.rollout_correction_weights`; the same weights in every epoch,
+   the KL, entropy and pair terms unweighted). Inside a mini-batch the rows are laid out by
    sequence length before planning micro-batches, so a micro-batch pads to little more than
    its own rows' length; by item 1 this changes the speed, not the gradient.
 5. A non-finite gradient norm skips the optimiser step (counted in ``update/skipped``).
@@ -68,7 +72,7 @@ from mcgpo.training.distributed import SINGLE, World, gradient_sync, sharded, ze
 from mcgpo.training.grad_probe import GradProbe
 from mcgpo.training.layout import Layout, PairBatch, plan_mini_batches, plan_rank_share
 from mcgpo.training.metrics import PeakMemory
-from mcgpo.training.old_logprobs import at_old_stats, old_log_probs_for_update
+from mcgpo.training.old_logprobs import at_old_stats, old_log_probs_for_update, rollout_weights
 
 __all__ = [
     "PairBatch",
@@ -153,6 +157,7 @@ def update_policy(
     batch, old_stats = old_log_probs_for_update(
         model, batch, micros, cfg, pad_passes=world.size > 1 and sharded(model)
     )
+    old_stats |= rollout_weights(batch, cfg)[1]  # rollout_correction/*: this rank's rows
     probe: list[tuple[np.ndarray, float]] = []  # (d of each row, max |ratio - 1|) at theta_old
     grads = GradProbe(params) if cfg.pair_grad_probe else None  # first step's two gradients
     totals = _Averages()
@@ -271,6 +276,7 @@ def _micro_step(
                 )
     if probe is not None:
         probe.append(_probe(log_probs.detach(), mb.old_log_probs, mask))
+    weights, _ = rollout_weights(mb, cfg)  # train.rollout_correction (None: off)
     task, task_stats = task_loss(
         log_probs,
         mb.old_log_probs,
@@ -283,6 +289,7 @@ def _micro_step(
         kl_coef=cfg.kl_coef,
         kl_kind=cfg.kl_kind,
         entropy_coef=cfg.entropy_coef,
+        rollout_weights=weights,
     )
     names = {"pg_loss": "loss/policy", "kl": "loss/kl", "entropy": "policy/entropy"}
     stats = {names.get(k, f"policy/{k}"): (v, token_share) for k, v in task_stats.items()}

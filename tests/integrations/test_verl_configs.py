@@ -5,9 +5,11 @@ plugin; the plugin's check command and its refusals of what it cannot honour."""
 
 from __future__ import annotations
 
+import re
 import warnings
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 verl = pytest.importorskip("verl")
@@ -77,9 +79,37 @@ REFUSED = [
     ("algorithm.adv_estimator=gae", "algorithm.adv_estimator"),
     ("+critic.enable=true", "critic.enable"),
     ("algorithm.use_kl_in_reward=true", "algorithm.use_kl_in_reward"),
-    ("algorithm.rollout_correction.rollout_is=token", "rollout_is"),
+    ("algorithm.adv_estimator=reinforce_plus_plus", "algorithm.adv_estimator: 'reinforce_plus"),
+    ("algorithm.adv_estimator=rloo", "algorithm.adv_estimator: 'rloo' would never run"),
+    ("algorithm.norm_adv_by_std_in_grpo=false", "norm_adv_by_std_in_grpo: false is GRPO's"),
     ("algorithm.rollout_correction.rollout_rs=token_k1", "rollout_rs"),
     ("algorithm.rollout_correction.bypass_mode=true", "bypass_mode"),
+    (
+        "algorithm.rollout_correction.rollout_is=token "
+        "algorithm.rollout_correction.rollout_is_batch_normalize=true",
+        "rollout_is_batch_normalize",
+    ),
+    (
+        "algorithm.rollout_correction.rollout_is=token "
+        "actor_rollout_ref.rollout.calculate_log_probs=false",
+        "rollout.calculate_log_probs",
+    ),
+    (
+        "algorithm.rollout_correction.rollout_is=sequence "
+        "algorithm.rollout_correction.rollout_is_threshold='0.1_2.0'",
+        "IcePop bounds [0.1, 2] are not",
+    ),
+    (
+        "algorithm.rollout_correction.rollout_is=token "
+        "algorithm.rollout_correction.rollout_is_threshold=1.0",
+        "upper bound 1 <= 1",
+    ),
+    (
+        "algorithm.rollout_correction.rollout_is=token "
+        "algorithm.rollout_correction.rollout_is_threshold=abc",
+        "'abc' is not a number",
+    ),
+    ("algorithm.rollout_correction.rollout_is=geometric", "rollout_is: 'geometric', want token"),
     ("algorithm.filter_groups.enable=true", "filter_groups"),
     ("reward.reward_model.enable=true", "reward_model.enable"),
     ("custom_reward_function.path=/tmp/r.py", "custom_reward_function.path"),
@@ -97,9 +127,10 @@ def test_settings_the_plugin_cannot_honour_are_refused(override, key):
 
     if override.startswith("+critic"):  # critic.enable exists (null): set it
         override = override[1:]
-    cfg = compose("alfworld_mcgpo", override)
-    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+    cfg = compose("alfworld_mcgpo", *override.split(" "))
+    with pytest.raises(ConfigError, match=re.escape(key)) as err:
         check_verl_config(cfg, plugin_config(cfg))
+    assert "\n" not in str(err.value)
 
 
 def test_pair_settings_are_free_without_the_pair_loss():
@@ -115,6 +146,115 @@ def test_pair_settings_are_free_without_the_pair_loss():
             "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3", *extra,
         )  # fmt: skip
         check_verl_config(cfg, plugin_config(cfg))
+
+
+def test_verls_advantage_switches_are_honoured_where_they_mean_mcgpos():
+    """adv_estimator naming mcgpo's algorithm, and norm_adv_by_std_in_grpo=false with GRPO
+    (mcgpo's norm_by_std: false) or RLOO (no SD to divide by), are accepted and used; the
+    advantages then are mcgpo's estimator's with those options."""
+    import mcgpo
+    from mcgpo.bench.synthetic import synthetic_table
+    from mcgpo.integrations.verl.batch import batch_credit
+    from mcgpo.integrations.verl.config import check_verl_config, plugin_config
+
+    table = synthetic_table(2, 8, 3, n_states=3, n_actions=2, full_length=True, seed=0)
+    cases = [
+        (("mcgpo.algo.name=rloo", "algorithm.adv_estimator=rloo"), "rloo", {}),
+        (("mcgpo.algo.name=rloo", "algorithm.norm_adv_by_std_in_grpo=false"), "rloo", {}),
+        (("mcgpo.algo.name=grpo", "algorithm.adv_estimator=grpo"), "grpo", {}),
+        (("mcgpo.algo.name=grpo", "algorithm.norm_adv_by_std_in_grpo=false"), "grpo",
+         {"norm_by_std": False}),
+        (("mcgpo.algo.name=grpo", "+mcgpo.algo.norm_by_std=false",
+          "algorithm.norm_adv_by_std_in_grpo=false"), "grpo", {"norm_by_std": False}),
+    ]  # fmt: skip
+    for overrides, name, options in cases:
+        cfg = compose("alfworld_graphgpo", *overrides)
+        run = plugin_config(cfg)
+        check_verl_config(cfg, run)
+        assert run.algo.name == name
+        for key, value in options.items():
+            assert run.algo.estimator[key] == value
+        got = batch_credit(table.to_records(), run.algo).advantages
+        expected, _ = mcgpo.estimate(name, table, **options)
+        np.testing.assert_array_equal(got, np.asarray(expected, np.float32))
+    # the switch changes GRPO's advantages (a test that could not tell would pass anyway)
+    std, _ = mcgpo.estimate("grpo", table)
+    assert not np.allclose(std, mcgpo.estimate("grpo", table, norm_by_std=False)[0])
+
+
+def test_grpo_std_switch_against_an_explicit_mcgpo_option_is_refused():
+    from mcgpo.integrations.verl.config import plugin_config
+    from mcgpo.training.config import ConfigError
+
+    cfg = compose("alfworld_graphgpo", "mcgpo.algo.name=grpo", "+mcgpo.algo.norm_by_std=true",
+                  "algorithm.norm_adv_by_std_in_grpo=false")  # fmt: skip
+    with pytest.raises(ConfigError, match=r"^algorithm.norm_adv_by_std_in_grpo: false "
+                                          r"contradicts mcgpo.algo.norm_by_std: True"):  # fmt: skip
+        plugin_config(cfg)
+
+
+# The *-paper preset's value of each setting and where the verl config holds it. Not
+# compared: train.logits_chunk (mcgpo's LM-head chunking, memory only: verl has its own),
+# eval.tasks / eval.split (the validation parquet's rows, docs/integrations/verl.md "Data"),
+# rollout.groups x group_size at validation (verl validates each task once, val_kwargs.n 1).
+PRESET_KEYS = {
+    ("rollout", "groups"): "data.train_batch_size",
+    ("rollout", "group_size"): "actor_rollout_ref.rollout.n",
+    ("rollout", "temperature"): "actor_rollout_ref.rollout.temperature",
+    ("rollout", "max_new_tokens"): "data.max_response_length",
+    ("rollout", "max_prompt_tokens"): "data.max_prompt_length",
+    ("rollout", "history"): "mcgpo.rollout.history",
+    ("rollout", "response_format"): "mcgpo.rollout.response_format",
+    ("env", "name"): "mcgpo.env.name",
+    ("env", "max_turns"): "mcgpo.env.max_turns",
+    ("train", "updates"): "trainer.total_training_steps",
+    ("train", "lr"): "actor_rollout_ref.actor.optim.lr",
+    ("train", "weight_decay"): "actor_rollout_ref.actor.optim.weight_decay",
+    ("train", "kl_coef"): "actor_rollout_ref.actor.kl_loss_coef",
+    ("train", "kl_kind"): "actor_rollout_ref.actor.kl_loss_type",
+    ("train", "clip"): "actor_rollout_ref.actor.clip_ratio",
+    ("train", "dual_clip"): "actor_rollout_ref.actor.clip_ratio_c",
+    ("train", "entropy_coef"): "actor_rollout_ref.actor.entropy_coeff",
+    ("train", "grad_clip"): "actor_rollout_ref.actor.grad_clip",
+    ("train", "ppo_epochs"): "actor_rollout_ref.actor.ppo_epochs",
+    ("train", "micro_batch_size"): "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
+    ("train", "gradient_checkpointing"): "actor_rollout_ref.model.enable_gradient_checkpointing",
+    ("train", "save_every"): "trainer.save_freq",
+    ("eval", "every"): "trainer.test_freq",
+    ("eval", "temperature"): "actor_rollout_ref.rollout.val_kwargs.temperature",
+}
+# Where a config may differ from its preset, and why (said in the config and the docs).
+PRESET_EXCEPTIONS = {
+    # verl requires ppo_mini_batch_size (prompts) <= train_batch_size: 16 x 8 = 128 rows
+    ("alfworld", "train", "mini_batch_size"): 128,
+}
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if n.split("_")[1] in ("mcgpo", "graphgpo")])
+def test_config_equals_its_paper_preset(name):
+    """Each example equals src/mcgpo/presets/<env>-paper.toml setting by setting, except
+    where PRESET_EXCEPTIONS says why; the estimator's omega is the resolved one."""
+    from omegaconf import OmegaConf
+
+    from mcgpo.integrations.verl.config import plugin_config
+    from mcgpo.training.presets import load_preset
+
+    env = name.split("_")[0]
+    preset = load_preset(f"{env}-paper")
+    cfg = compose(name)
+    for (section, key), where in PRESET_KEYS.items():
+        got = OmegaConf.select(cfg, where)
+        assert got == preset[section][key], f"{where} = {got!r}, {env}-paper {section}.{key}"
+    arr = cfg.actor_rollout_ref
+    rows = arr.actor.ppo_mini_batch_size * arr.rollout.n
+    want = PRESET_EXCEPTIONS.get(
+        (env, "train", "mini_batch_size"), preset["train"]["mini_batch_size"]
+    )
+    assert rows == want
+    assert arr.rollout.val_kwargs.do_sample is True  # T = 0.4 means sampling
+    run = plugin_config(cfg)
+    assert run.algo.estimator["omega"] == preset["algo"]["graphgpo"]["omega"]
+    assert run.env.name == preset["env"]["name"]
 
 
 def test_check_command_prints_one_line(capsys):

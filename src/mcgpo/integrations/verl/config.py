@@ -13,14 +13,29 @@ Everything is checked by mcgpo's own options classes (:func:`resolve_algo`), wit
 size N taken from verl's ``actor_rollout_ref.rollout.n``; an unknown key is a ConfigError.
 
 :func:`check_verl_config` refuses the verl settings the plugin would silently ignore or
-break (a critic, a KL penalty in the reward, rollout correction, a reward model or custom
-reward function, distillation, dynamic-sampling group filters) and, when the pair loss is
-on, the mini-batch settings that would split preference pairs.
+break (a critic, a KL penalty in the reward, an advantage estimator other than mcgpo's, the
+parts of rollout correction mcgpo has no counterpart for, a reward model or custom reward
+function, distillation, dynamic-sampling group filters) and, when the pair loss is on, the
+mini-batch settings that would split preference pairs.
+
+verl's own advantage switches are honoured where they mean what mcgpo computes, refused
+where they would be ignored (:func:`plugin_config`, :func:`check_verl_config`):
+
+* ``algorithm.adv_estimator``: ``grpo`` (the critic-free value the examples use: verl's
+  ``gae`` builds a critic) or the name of ``mcgpo.algo.name`` (``rloo`` with
+  ``mcgpo.algo.name: rloo``); any other estimator would never run (the advantages are
+  mcgpo's), so it is refused.
+* ``algorithm.norm_adv_by_std_in_grpo: false`` (Dr. GRPO, no division by the group SD):
+  with ``mcgpo.algo.name: grpo`` it sets mcgpo's ``norm_by_std: false`` (and conflicts with an
+  explicit ``norm_by_std: true``); RLOO never divides by the SD, so it is a no-op there as
+  in verl; for any other estimator it is refused, naming that estimator's own ``mode``.
+* ``algorithm.rollout_correction``: :func:`rollout_correction`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -28,7 +43,13 @@ from mcgpo.training.algorithms import ALGORITHMS, resolve_algo
 from mcgpo.training.config import ConfigError, RunConfig
 from mcgpo.training.config_layout import from_dict
 
-__all__ = ["PLUGIN_SECTIONS", "check_verl_config", "plugin_config"]
+__all__ = [
+    "PLUGIN_SECTIONS",
+    "RolloutCorrection",
+    "check_verl_config",
+    "plugin_config",
+    "rollout_correction",
+]
 
 PLUGIN_SECTIONS = ("env", "rollout", "algo")
 
@@ -55,12 +76,100 @@ def plugin_config(verl_config: Any) -> RunConfig:
             f"mcgpo.{unknown[0]}: unknown section; the plugin reads {', '.join(PLUGIN_SECTIONS)}"
         )
     cfg = from_dict(block, where="mcgpo")
+    cfg = dataclasses.replace(cfg, algo=_grpo_std_switch(verl_config, cfg.algo))
     cfg.env.check()
     cfg.rollout.check()
     cfg.algo.check()
     n = int(verl_config.actor_rollout_ref.rollout.n)
     algo = resolve_algo(cfg.algo, group_size=n)
     return dataclasses.replace(cfg, algo=algo)
+
+
+def _grpo_std_switch(verl_config: Any, algo: Any) -> Any:
+    """``algo`` with verl's ``algorithm.norm_adv_by_std_in_grpo: false`` honoured or refused
+    (module docstring)."""
+    if _get(verl_config, "algorithm.norm_adv_by_std_in_grpo", True) is not False:
+        return algo
+    key = "algorithm.norm_adv_by_std_in_grpo"
+    estimator = ALGORITHMS[algo.name].estimator if algo.name in ALGORITHMS else algo.name
+    if estimator == "rloo":
+        return algo  # RLOO's baseline has no SD to divide by, in verl as here
+    if estimator != "grpo":
+        own = "base_options" if estimator == "progress_gpo" else "mode: mean_norm"
+        mode = f"mcgpo.algo.{estimator}.{own}"
+        raise ConfigError(
+            f"{key}: false is GRPO's switch and mcgpo.algo.name {algo.name!r} runs the "
+            f"{estimator} estimator, which would ignore it; set {mode} instead (and leave "
+            f"{key} at true)"
+        )  # fmt: skip
+    given = {**algo.per_estimator.get("grpo", {}), **algo.estimator}
+    if "norm_by_std" in given and str(given["norm_by_std"]).lower() not in ("false", "0"):
+        raise ConfigError(
+            f"{key}: false contradicts mcgpo.algo.norm_by_std: {given['norm_by_std']}; "
+            "set one of them"
+        )
+    return dataclasses.replace(algo, estimator={**algo.estimator, "norm_by_std": False})
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutCorrection:
+    """verl's ``algorithm.rollout_correction`` as the arguments of
+    :func:`mcgpo.objectives.rollout_correction_weights`."""
+
+    mode: str  # "tis" or "mis"
+    level: str  # "token" or "sequence"
+    cap: float  # > 1
+
+
+def _threshold(spec: Any) -> tuple[float, float | None]:
+    """``(upper, lower or None)`` of verl's ``rollout_is_threshold``: a number or a
+    number-like string (TIS's upper bound), or ``"lower_upper"`` (IcePop's bounds)."""
+    key = "algorithm.rollout_correction.rollout_is_threshold"
+    text = str(spec).strip()
+    try:
+        if isinstance(spec, str) and "_" in text:
+            low, high = text.split("_", 1)
+            return float(high), float(low)
+        return float(text), None
+    except ValueError:
+        raise ConfigError(f"{key}: {spec!r} is not a number or 'lower_upper'") from None
+
+
+def rollout_correction(verl_config: Any) -> RolloutCorrection | None:
+    """mcgpo's correction for verl's ``algorithm.rollout_correction`` (None: off).
+
+    verl 0.9.1 (``trainer/ppo/rollout_corr_helper.py``, decoupled mode) weights each
+    policy-gradient token by rho = pi_old / pi_rollout, ``rollout_is`` "token" (per token)
+    or "sequence" (exp of the row's summed log-ratio, on all its tokens), log-ratios clamped
+    to [-20, 20]; ``rollout_is_threshold`` a number U: TIS, w = min(rho, U); the string
+    ``"L_U"``: IcePop, w = rho inside [L, U] and 0 outside. These are mcgpo's ``tis``
+    (cap U) and, when L = 1/U (to 6 digits), ``mis`` (cap U), at the same level. The rest has
+    no faithful mapping and is refused (one line, :func:`check_verl_config`): IcePop bounds
+    with L != 1/U, a bound U <= 1 (mcgpo's cap is > 1), ``rollout_is_batch_normalize``
+    (weights rescaled to batch mean 1), rejection sampling ``rollout_rs`` (it edits the
+    response mask after mcgpo's pairs are built), ``bypass_mode`` (pi_rollout as pi_old), and
+    ``rollout.calculate_log_probs: false`` (no rollout log-probs to weigh with).
+    """
+    block = "algorithm.rollout_correction"
+    level = _get(verl_config, f"{block}.rollout_is")
+    if level is None:
+        return None
+    if level not in ("token", "sequence"):
+        raise ConfigError(f"{block}.rollout_is: {level!r}, want token or sequence (or null)")
+    upper, lower = _threshold(_get(verl_config, f"{block}.rollout_is_threshold", 2.0))
+    if not (math.isfinite(upper) and upper > 1.0):
+        raise ConfigError(
+            f"{block}.rollout_is_threshold: upper bound {upper:g} <= 1; mcgpo's rollout "
+            "correction caps the ratio at a value > 1"
+        )
+    if lower is None:
+        return RolloutCorrection("tis", str(level), upper)
+    if not math.isclose(lower, 1.0 / upper, rel_tol=1e-6):
+        raise ConfigError(
+            f"{block}.rollout_is_threshold: IcePop bounds [{lower:g}, {upper:g}] are not "
+            f"[1/U, U]: mcgpo's mis masks outside [1/cap, cap]; use '{1.0 / upper:g}_{upper:g}'"
+        )
+    return RolloutCorrection("mis", str(level), upper)
 
 
 def _get(config: Any, dotted: str, default: Any = None) -> Any:
@@ -97,15 +206,30 @@ def check_verl_config(verl_config: Any, run: RunConfig) -> None:
          "advantages anyway)"),
         ("algorithm.use_kl_in_reward", bool(_get(verl_config, "algorithm.use_kl_in_reward")),
          "the KL penalty in the reward is never applied; use actor.use_kl_loss"),
-        ("algorithm.rollout_correction.rollout_is",
-         _get(verl_config, "algorithm.rollout_correction.rollout_is") is not None,
-         "rollout importance weights are not applied to mcgpo's loss"),
+        ("algorithm.adv_estimator",
+         str(_get(verl_config, "algorithm.adv_estimator", "gae")) not in ("gae", "grpo",
+                                                                           run.algo.name),
+         f"{_get(verl_config, 'algorithm.adv_estimator')!r} would never run: the advantages "
+         f"are mcgpo.algo.name's ({run.algo.name!r}); name the estimator there (e.g. "
+         "mcgpo.algo.name: rloo) and keep adv_estimator: grpo"),
         ("algorithm.rollout_correction.rollout_rs",
          _get(verl_config, "algorithm.rollout_correction.rollout_rs") is not None,
-         "rollout rejection sampling would drop rows after the pairs are built"),
+         "rejection sampling edits response_mask after mcgpo's advantages and pairs are "
+         "built (a rejected row would stay paired); use rollout_is (TIS, or IcePop bounds "
+         "'1/U_U')"),
         ("algorithm.rollout_correction.bypass_mode",
          bool(_get(verl_config, "algorithm.rollout_correction.bypass_mode")),
          "bypass mode replaces the old log-probs mcgpo's ratio uses"),
+        ("algorithm.rollout_correction.rollout_is_batch_normalize",
+         _get(verl_config, "algorithm.rollout_correction.rollout_is") is not None
+         and bool(_get(verl_config, "algorithm.rollout_correction.rollout_is_batch_normalize")),
+         "rescaling the weights to batch mean 1 has no counterpart in "
+         "mcgpo.objectives.rollout_correction_weights"),
+        ("actor_rollout_ref.rollout.calculate_log_probs",
+         _get(verl_config, "algorithm.rollout_correction.rollout_is") is not None
+         and not bool(_get(verl_config, "actor_rollout_ref.rollout.calculate_log_probs")),
+         "false records no rollout log-probs (rollout_log_probs), which "
+         "algorithm.rollout_correction.rollout_is needs; set it to true"),
         ("algorithm.filter_groups.enable", bool(_get(verl_config, "algorithm.filter_groups.enable")),
          "group filtering drops rows after the credit is computed"),
         ("reward_model.enable", bool(_get(verl_config, "reward_model.enable"))
@@ -120,6 +244,7 @@ def check_verl_config(verl_config: Any, run: RunConfig) -> None:
     for key, bad, why in checks:
         if bad:
             raise _refuse(key, why)
+    rollout_correction(verl_config)  # its own one-line refusals
     pairs = ALGORITHMS[run.algo.name].pairs and float(getattr(run.algo, "lambda_pair", 0.0)) > 0
     if not pairs:
         return

@@ -16,7 +16,14 @@ trainer with mcgpo's credit assignment, pair loss and pair-aware batch layout.
   advantage step; verl's ``global_seqlen/balanced_*`` metrics are recomputed for the final
   order.
 * ``_compute_advantage`` writes that credit (per-token advantages, masks, pair fields) into
-  the batch.
+  the batch, and with verl's ``algorithm.rollout_correction.rollout_is`` set, the
+  ``rollout_is_weights`` of mcgpo's :func:`~mcgpo.objectives.rollout_correction_weights`
+  (:func:`~mcgpo.integrations.verl.config.rollout_correction` maps verl's settings; verl's
+  ``ppo_loss`` applies them to the policy-gradient tokens) and its
+  ``rollout_correction/*`` metrics. This is where verl's own trainer computes its weights
+  (``trainer_base._compute_advantage``), from the same ``old_log_probs`` and
+  ``rollout_log_probs``.
+* ``_update_actor`` also adds ``actor/pair_accuracy`` (:func:`pair_accuracy`).
 * ``_update_actor`` adds ``force_group_size=2`` when there are pairs and micro-batches are
   dynamic (``use_dynamic_bsz``), so verl's token-balanced split keeps rows ``2k, 2k+1``
   together; fixed micro-batches are contiguous, so an even ``ppo_micro_batch_size_per_gpu``
@@ -49,9 +56,9 @@ from mcgpo.integrations.verl.batch import (
     layout_partner,
     take,
 )
-from mcgpo.integrations.verl.config import check_verl_config, plugin_config
+from mcgpo.integrations.verl.config import check_verl_config, plugin_config, rollout_correction
 from mcgpo.integrations.verl.layout import LayoutStats, pair_layout
-from mcgpo.integrations.verl.loss import mcgpo_ppo_loss
+from mcgpo.integrations.verl.loss import mcgpo_ppo_loss, rollout_is_weights
 from mcgpo.training.algorithms import ALGORITHMS
 from mcgpo.training.config import ConfigError, RunConfig
 
@@ -61,6 +68,7 @@ __all__ = [
     "credit_metrics",
     "lambda_pair",
     "lay_out_batch",
+    "pair_accuracy",
     "split_pairs",
 ]
 
@@ -123,6 +131,7 @@ class McgpoTrainer(PPOTrainerSync):
     def __init__(self, config: Any) -> None:
         self.mcgpo = plugin_config(config)  # fail before any worker starts
         check_verl_config(config, self.mcgpo)
+        self._correction = rollout_correction(config)  # verl's rollout_is, as mcgpo's
         # (row keys, credit, layout stats, failure counts) of the batch _balance_batch laid out
         self._credit: tuple[list[Any], BatchCredit, LayoutStats, dict[str, int]] | None = None
         super().__init__(config)
@@ -183,10 +192,18 @@ class McgpoTrainer(PPOTrainerSync):
 
     def _compute_advantage(self, batch: Any, metrics: dict) -> Any:
         result, stats, failures = self._credit_of(batch)
-        data = tq.kv_batch_get(
-            keys=batch.keys, partition_id=batch.partition_id, select_fields=["response_mask"]
-        )
+        select = ["response_mask"]
+        if self._correction is not None:
+            select += ["old_log_probs", "rollout_log_probs"]
+        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
+                               select_fields=select)  # fmt: skip
         fields = credit_fields(result, data["response_mask"])
+        if self._correction is not None:
+            fields["rollout_is_weights"], corrected = rollout_is_weights(
+                data["old_log_probs"], data["rollout_log_probs"], fields["response_mask"],
+                self._correction,
+            )  # fmt: skip
+            metrics.update(corrected)
         batch = tq.kv_batch_put(
             keys=batch.keys, partition_id=batch.partition_id,
             fields=TensorDict(fields, batch_size=len(batch)),
@@ -201,7 +218,19 @@ class McgpoTrainer(PPOTrainerSync):
         # keeps partners together and 2 would double the micro-batch
         if lambda_pair(self.mcgpo) and self.config.actor_rollout_ref.actor.use_dynamic_bsz:
             batch.extra_info["force_group_size"] = 2
-        return super()._update_actor(batch, metrics)
+        batch = super()._update_actor(batch, metrics)
+        metrics.update(pair_accuracy(metrics))
+        return batch
+
+
+def pair_accuracy(metrics: Mapping[str, Any]) -> dict[str, float]:
+    """``actor/pair_accuracy`` = ``actor/pairs_correct / actor/pairs`` of an update's reduced
+    actor metrics (both the mean over mini-batches of a mini-batch total, so the ratio is
+    the update's share of pairs ranked right); empty without pairs."""
+    pairs = float(metrics.get("actor/pairs", 0.0) or 0.0)
+    if pairs <= 0:
+        return {}
+    return {"actor/pair_accuracy": float(metrics["actor/pairs_correct"]) / pairs}
 
 
 def credit_metrics(

@@ -9,11 +9,14 @@ as the trainer splits them), so each rank has steps without any row of its own w
 holds pairs (the case that crashed `pairs_inside` on an empty row set), and the pair loss's
 normaliser ``|B| / |M|`` must use the global mini-batch size. The single-process update on
 the whole batch is the reference; float64 runs show that what is left in float32 is rounding.
+With ``train.rollout_correction tis`` the sampler's log-probs (shifted from pi_old on some
+rows) travel with the token rows to the rank that runs them, beside the recomputed pi_old.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -40,7 +43,7 @@ GROUPS, SIZE = 4, 4
 PLUS, MINUS, WEIGHT = [4, 6, 12, 13], [5, 7, 14, 15], [0.5, 1.0, 0.25, 1.0]
 
 
-def problem(model_dir, dtype="float32"):
+def problem(model_dir, dtype="float32", correction="none"):
     torch.manual_seed(0)
     torch.set_num_threads(1)
     policy, tokenizer = load_policy(model_dir)
@@ -53,16 +56,20 @@ def problem(model_dir, dtype="float32"):
     batch = TokenBatch.from_sequences(prompts, responses, zeros, pad_token_id=0)
     with torch.no_grad():
         old = token_log_probs(policy, batch.input_ids, batch.attention_mask)
+    old = torch.where(batch.response_mask, old, 0.0)
+    # the sampler's log-probs: pi_old's, or (a correction) 0.9 nats below it on every 3rd
+    # row (ratio e^0.9 = 2.46, truncated at 2) and 0.3 above on the next (ratio 0.74)
+    shift = torch.tensor([[0.9], [-0.3], [0.0]] * 6)[:16].to(old.dtype)
+    behaviour = old - shift * batch.response_mask if correction != "none" else old
     batch = TokenBatch(
-        batch.input_ids, batch.attention_mask, batch.response_mask,
-        torch.where(batch.response_mask, old, 0.0),
+        batch.input_ids, batch.attention_mask, batch.response_mask, old, behaviour
     )
     advantages = gen.normal(size=16).astype(np.float32)
     pairs = PairBatch(np.array(PLUS), np.array(MINUS), np.array(WEIGHT))
     groups = np.repeat(np.arange(GROUPS), SIZE)
     cfg = TrainConfig(
         lr=1e-2, weight_decay=0.0, ppo_epochs=2, mini_batch_size=4, micro_batch_size=3,
-        kl_coef=0.01,
+        kl_coef=0.01, rollout_correction=correction,
     )
     return policy, batch, advantages, pairs, groups, cfg
 """
@@ -80,10 +87,10 @@ from mcgpo.training.distributed import (
 )
 from mcgpo.training.update import PairBatch, update_policy
 
-model_dir, sharding, dtype, out = sys.argv[1:5]
+model_dir, sharding, dtype, out, correction = sys.argv[1:6]
 dist.init_process_group("gloo")
 world = current_world()
-policy, batch, advantages, pairs, groups, cfg = problem(model_dir, dtype)
+policy, batch, advantages, pairs, groups, cfg = problem(model_dir, dtype, correction)
 ref = copy.deepcopy(policy).eval().requires_grad_(False)
 mine = np.asarray(rank_block(4, world))  # this rank's task groups
 rows = np.flatnonzero(np.isin(groups, mine))
@@ -110,14 +117,14 @@ leave_launched_process(0)
 """
 
 
-def _single(model_dir: Path, tmp_path: Path, dtype: str):
+def _single(model_dir: Path, tmp_path: Path, dtype: str, correction: str = "none"):
     sys.path.insert(0, str(tmp_path))
     try:
         from setup_problem import problem
     finally:
         sys.path.remove(str(tmp_path))
         sys.modules.pop("setup_problem", None)
-    policy, batch, advantages, pairs, groups, cfg = problem(str(model_dir), dtype)
+    policy, batch, advantages, pairs, groups, cfg = problem(str(model_dir), dtype, correction)
     import copy
 
     ref = copy.deepcopy(policy).eval().requires_grad_(False)
@@ -145,6 +152,20 @@ BOUND = {
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("sharding", ["ddp", "fsdp2"])
 def test_two_ranks_with_pairs_update_as_one_process(micro_model, tmp_path, sharding, dtype):
+    _two_ranks_as_one(micro_model, tmp_path, sharding, dtype, "none")
+
+
+@pytest.mark.slow
+def test_two_ranks_with_a_rollout_correction_update_as_one_process(micro_model, tmp_path):
+    single = _two_ranks_as_one(micro_model, tmp_path, "ddp", "float64", "tis")
+    _, uncorrected, _ = _single(micro_model, tmp_path, "float64", "none")
+    # the correction changed the update (else the equality above would prove nothing)
+    assert max(float((single[k] - uncorrected[k]).abs().max()) for k in single) > 1e-4
+
+
+def _two_ranks_as_one(micro_model, tmp_path, sharding, dtype, correction):
+    """Run the 2-rank update and the single process's; assert they agree; return the
+    single process's weights."""
     (tmp_path / "setup_problem.py").write_text(textwrap.dedent(SETUP))
     (tmp_path / "rank.py").write_text(textwrap.dedent(RANK))
     out = tmp_path / "two.pt"
@@ -153,11 +174,12 @@ def test_two_ranks_with_pairs_update_as_one_process(micro_model, tmp_path, shard
     command = [
         sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
         "--standalone", str(tmp_path / "rank.py"), str(micro_model), sharding, dtype, str(out),
+        correction,
     ]  # fmt: skip
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     used = [json.loads(Path(f"{out}.rank{r}.json").read_text()) for r in range(2)]
-    start, single, stats = _single(micro_model, tmp_path, dtype)
+    start, single, stats = _single(micro_model, tmp_path, dtype, correction)
     # every pair entered the loss in both runs, none was split across micro-batches
     assert stats["pairs/used"] == 4.0 and stats["pairs/split_micro"] == 0.0
     assert [u["used"] for u in used] == [2.0, 2.0]  # two pairs on each rank
@@ -166,6 +188,10 @@ def test_two_ranks_with_pairs_update_as_one_process(micro_model, tmp_path, shard
     diff = max(float((two[k] - single[k]).abs().max()) for k in single)
     moved = max(float((single[k] - start[k]).abs().max()) for k in single)
     assert diff < BOUND[sharding, dtype] and moved > 1e-2, (diff, moved)
+    if correction != "none":  # the single process saw the shifted rows: truncated at 2
+        assert stats["rollout_correction/clipped_frac"] > 0
+        assert stats["rollout_correction/ratio_max"] == pytest.approx(math.exp(0.9), rel=1e-5)
+    return single
 
 
 def test_pairs_inside_an_empty_row_set_is_empty():

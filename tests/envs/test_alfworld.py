@@ -277,17 +277,6 @@ TYPES = (
 )
 
 
-@pytest.fixture(scope="session")
-def games_root(tmp_path_factory) -> Path:
-    """Seeds 0-5 of train: one generated, planner-checked game of each task type."""
-    from mcgpo.envs.alfworld import generate_games
-
-    root = tmp_path_factory.mktemp("alfworld-games")
-    paths = generate_games(root, n_per_type=1, seed=0, split="train")
-    assert [p.parent.parent.name for p in paths] == list(TYPES)
-    return root
-
-
 def _cache_dir(games_root) -> Path:
     """A cache folder holding the session's games (root/<GENERATOR_VERSION>/json_2.1.1/...)."""
     from mcgpo.envs.alfworld.problem import GENERATOR_VERSION

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -247,14 +249,21 @@ def test_the_sampler_option_names_the_registry():
         RolloutConfig(sampler=name).check()
     with pytest.raises(ConfigError, match=r"rollout\.sampler must be one of dynamic, static"):
         RolloutConfig(sampler="vllm").check()
+    from mcgpo.rollout.decode_attention import DECODE_ATTENTIONS
+
+    assert RolloutConfig().decode_attention == "gqa"
+    for name in DECODE_ATTENTIONS:
+        RolloutConfig(decode_attention=name).check()
+    with pytest.raises(
+        ConfigError, match=r"rollout\.decode_attention must be one of gqa, sdpa; got 'flash'"
+    ):
+        RolloutConfig(decode_attention="flash").check()
 
 
 def test_rollout_sampler_static_plays_the_dynamic_samplers_rollouts(counter_policy):
     """collect() with ``sampler="static"`` plays the same rollouts as the dynamic sampler at
     T = 1 (both draw each row from its own generator by the same rule), with the default
     host read every 8 steps."""
-    import dataclasses
-
     from rollout_fakes import CounterEnv
 
     from mcgpo.rollout import CollectOptions, collect
@@ -278,3 +287,39 @@ def test_collect_options_refuse_an_unknown_sampler():
         ValueError, match="sampler must be one of \\['dynamic', 'static'\\], got 'vllm'"
     ):
         CollectOptions(group_size=2, split="train", temperature=1.0, history=1, sampler="vllm")
+    with pytest.raises(
+        ValueError, match="decode_attention must be one of \\['gqa', 'sdpa'\\], got 'flash'"
+    ):
+        CollectOptions(
+            group_size=2, split="train", temperature=1.0, history=1, decode_attention="flash"
+        )
+
+
+def test_collect_hands_decode_attention_to_the_static_sampler_only(counter_policy, monkeypatch):
+    """rollout.decode_attention reaches sample_static through collect_options and collect;
+    the dynamic sampler is not given it."""
+    from rollout_fakes import CounterEnv
+
+    from mcgpo.rollout import collect
+    from mcgpo.rollout import group_rollout as gr
+    from mcgpo.training.config import RolloutConfig, RunConfig
+    from mcgpo.training.setup import collect_options
+
+    model, tok = counter_policy
+    seen = []
+
+    def spy(name):
+        def draw(*args, **kwargs):
+            seen.append((name, kwargs.get("decode_attention")))
+            return SAMPLERS[name](*args, **kwargs)
+
+        return draw
+
+    monkeypatch.setattr(gr, "SAMPLERS", {name: spy(name) for name in SAMPLERS})
+    cfg = RunConfig(rollout=RolloutConfig(sampler="static", decode_attention="sdpa"))
+    opts = collect_options(cfg, "action", split="train", temperature=1.0, group_size=2, seed=0)
+    assert (opts.sampler, opts.decode_attention) == ("static", "sdpa")
+    opts = dataclasses.replace(opts, max_turns=1, max_new_tokens=4, max_prompt_tokens=None)
+    collect(model, tok, CounterEnv, [0], opts)
+    collect(model, tok, CounterEnv, [0], dataclasses.replace(opts, sampler="dynamic"))
+    assert seen == [("static", "sdpa"), ("dynamic", None)]

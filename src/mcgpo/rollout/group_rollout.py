@@ -51,6 +51,7 @@ import torch
 
 from mcgpo.envs.pool import DEFAULT_STEP_TIMEOUT, EnvPool
 from mcgpo.envs.protocol import Env, Observation
+from mcgpo.rollout.decode_attention import DECODE_ATTENTIONS
 from mcgpo.rollout.parsing import parse_action
 from mcgpo.rollout.prompts import default_response_format, prompt_ids, stop_strings
 from mcgpo.rollout.records import Rollout, Tally, Trajectory, assemble, record_turn
@@ -86,6 +87,7 @@ class CollectOptions:
     workers: int = 0  # environment worker processes; 0: step in this process
     step_timeout: float = DEFAULT_STEP_TIMEOUT  # seconds per step in a worker (workers > 0)
     sampler: str = "dynamic"  # "dynamic" (sampler.sample) or "static" (static_decode)
+    decode_attention: str = "gqa"  # the static sampler's single-token attention (or "sdpa")
 
     def __post_init__(self) -> None:
         if self.group_size < 1:
@@ -108,6 +110,11 @@ class CollectOptions:
             raise ValueError(f"step_timeout must be a finite number > 0, got {self.step_timeout}")
         if self.sampler not in SAMPLERS:
             raise ValueError(f"sampler must be one of {sorted(SAMPLERS)}, got {self.sampler!r}")
+        if self.decode_attention not in DECODE_ATTENTIONS:
+            raise ValueError(
+                f"decode_attention must be one of {list(DECODE_ATTENTIONS)}, "
+                f"got {self.decode_attention!r}"
+            )
 
 
 @dataclass(frozen=True)
@@ -240,10 +247,12 @@ def _play_turn(
     prompts = [_prompt_ids(s, current[e], trajs[e].past, tally) for e in live]
     t0 = time.perf_counter()
     draw = SAMPLERS[s.options.sampler] if s.engine is None else _engine_sample(s.engine)
+    static = s.engine is None and s.options.sampler == "static"
+    extra = {"decode_attention": opts.decode_attention} if static else {}
     out = draw(
         s.model, prompts, temperature=opts.temperature, max_new_tokens=s.budget,
         eos_token_id=s.eos, pad_token_id=s.pad, stop_strings=s.stops, tokenizer=tokenizer,
-        generator=[s.generators[e] for e in live],
+        generator=[s.generators[e] for e in live], **extra,
     )  # fmt: skip
     tally.sample_seconds += time.perf_counter() - t0
     texts = tokenizer.batch_decode(out.response_ids, skip_special_tokens=True)

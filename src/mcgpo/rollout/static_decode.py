@@ -18,6 +18,11 @@ temperature 1, the same stopping rules), computed another way:
   piece once per (tokenizer, stop strings, vocabulary), giving per-token state transition
   tables that the step indexes (:func:`stop_tables`). The host reads the done mask only every
   ``sync_every`` steps (one device sync) and at the end.
+- **Decode attention** (``decode_attention``). ``"gqa"`` (default): for the call the model
+  runs :mod:`mcgpo.rollout.decode_attention`, whose single-token steps never copy K/V per
+  query head and attend to the filled cache columns rounded up to a multiple of 256 (a
+  length bucket; one compiled step per bucket); the prefill is transformers' sdpa, unchanged.
+  ``"sdpa"``: transformers' own attention over all columns.
 
 Draws. With one shared generator a token is ``argmax(softmax(logits / T) / q)`` with
 ``q ~ Exp(1)`` per vocabulary entry, which is exactly what ``torch.multinomial(p, 1,
@@ -40,12 +45,22 @@ from typing import Any, NamedTuple
 import torch
 
 from mcgpo.policy.logprobs import position_ids
+from mcgpo.rollout.decode_attention import DECODE_ATTENTIONS, use_decode_attention
 from mcgpo.rollout.sampler import Samples, inverse_cdf, row_uniforms, sample
 from mcgpo.rollout.stop_tables import stop_tables
 
 __all__ = ["SAMPLERS", "sample_static"]
 
 _LEN_BUCKET = 256  # cache length rounded up to a multiple of this (fewer recompiles)
+_COLUMN_BUCKET = 256  # gqa: a step attends to the filled columns rounded up to a multiple
+
+
+def _columns(filled: int, length: int) -> int:
+    """The cache columns a single-token step attends to when ``filled`` are in use: a
+    multiple of ``_COLUMN_BUCKET`` (so a call compiles at most one step per bucket), at most
+    the cache ``length``. The columns past ``filled`` are masked, so the result is that of
+    all ``length`` columns up to the rounding of a shorter sum (docs/rollout.md)."""
+    return min(length, -(-filled // _COLUMN_BUCKET) * _COLUMN_BUCKET)
 
 
 def _pick(
@@ -150,10 +165,11 @@ def _decode(
                 break
         run.mask[:, run.width + t] = 1
         column = torch.tensor([run.width + t], device=device) if run.takes_position else None
+        columns = _columns(run.width + t + 1, run.mask.shape[1]) if run.buckets else None
         if run.compiled.step is not _eager:
             torch.compiler.cudagraph_mark_step_begin()
         logits = run.compiled.step(
-            run.model, cache, run.cache_kw, token, run.next_pos + t, run.mask, column
+            run.model, cache, run.cache_kw, token, run.next_pos + t, run.mask, column, columns
         )
     lengths = length[:n].tolist()
     ids, lps = tokens[:n].tolist(), logps[:n].tolist()
@@ -162,9 +178,14 @@ def _decode(
     )
 
 
-def _eager(model: Any, cache: Any, cache_kw: str, token, pos, mask, column) -> torch.Tensor:
-    """One decode step of every row: feed ``token`` at the next cache column; logits [B, V]."""
+def _eager(
+    model: Any, cache: Any, cache_kw: str, token, pos, mask, column, columns: int | None
+) -> torch.Tensor:
+    """One decode step of every row: feed ``token`` at the next cache column; logits [B, V].
+    ``columns``: attend to the first ``columns`` cache columns only (gqa's length buckets)."""
     extra = {"cache_position": column} if column is not None else {}
+    if columns is not None:
+        extra["decode_columns"] = columns
     out = model(
         input_ids=token[:, None], attention_mask=mask, position_ids=pos[:, None],
         use_cache=True, **{cache_kw: cache}, **extra,
@@ -187,6 +208,7 @@ def sample_static(
     prefill_rows: int = 8,
     sync_every: int = 8,
     compile: bool | None = None,
+    decode_attention: str = "gqa",
 ) -> Samples:
     """Sample one response per prompt with a static cache; see the module docstring.
 
@@ -195,7 +217,15 @@ def sample_static(
         sync_every: steps between reads of the done mask (the only host syncs); 1 makes a
             shared generator's draws equal the dynamic sampler's in every case.
         compile: compile the decode step (``None``: on CUDA only).
+        decode_attention: ``"gqa"`` (:mod:`mcgpo.rollout.decode_attention`: single-token
+            steps without copying K/V per query head, over the filled cache columns rounded
+            up to a multiple of 256) or ``"sdpa"`` (transformers' own attention, all columns).
     """
+    if decode_attention not in DECODE_ATTENTIONS:
+        raise ValueError(
+            f"decode_attention must be one of {', '.join(DECODE_ATTENTIONS)}, "
+            f"got {decode_attention!r}"
+        )
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0, got {temperature}")
     if max_new_tokens < 1:
@@ -224,11 +254,13 @@ def sample_static(
     try:
         need = max(map(len, prompts_ids)) + max_new_tokens
         compiled = device.type == "cuda" if compile is None else compile
-        run = _Run(model, n, need, device, compiled)
-        run.prefill(prompts_ids, pad, prefill_rows)
-        return _decode(
-            run, temperature, max_new_tokens, eos, stop_strings, tokenizer, generator, sync_every
-        )
+        with use_decode_attention(model, decode_attention):
+            run = _Run(model, n, need, device, compiled, buckets=decode_attention == "gqa")
+            run.prefill(prompts_ids, pad, prefill_rows)
+            return _decode(
+                run, temperature, max_new_tokens, eos, stop_strings, tokenizer, generator,
+                sync_every,
+            )  # fmt: skip
     finally:
         model.train(was_training)
 
@@ -277,8 +309,10 @@ _STEPS: weakref.WeakKeyDictionary[Any, tuple[tuple[int, int, bool], _Compiled]] 
 class _Run:
     """The buffers of one :func:`sample_static` call: cache, mask, positions, first logits."""
 
-    def __init__(self, model: Any, n: int, need: int, device: torch.device, compiled: bool):
-        self.model, self.n, self.device = model, n, device
+    def __init__(
+        self, model: Any, n: int, need: int, device: torch.device, compiled: bool, buckets: bool
+    ):
+        self.model, self.n, self.device, self.buckets = model, n, device, buckets
         self.rows = 1 << (n - 1).bit_length()  # a power of two: fewer shapes to compile
         length = -(-need // _LEN_BUCKET) * _LEN_BUCKET
         self.cache_kw, self.takes_position = _forward_keyword(model)

@@ -109,6 +109,11 @@ class RolloutConfig:
         "dynamic (KV cache; finished rows leave the batch) or static (preallocated cache, "
         "decode step compiled with CUDA graphs on a GPU)",
     )
+    decode_attention: str = _opt(
+        "gqa",
+        "static sampler's single-token attention: gqa (K/V never copied per query head, "
+        "filled cache columns only) or sdpa (transformers' own; docs/rollout.md)",
+    )
     engine: str = _opt(
         "hf",
         "rollout engine: hf (mcgpo's samplers, rollout.sampler) or vllm (a colocated vLLM "
@@ -133,6 +138,8 @@ class RolloutConfig:
         _choice("rollout.response_format", self.response_format, ("auto", "think", "action"))
         # the names of mcgpo.rollout.static_decode.SAMPLERS (not imported: it imports torch)
         _choice("rollout.sampler", self.sampler, ("dynamic", "static"))
+        # mcgpo.rollout.decode_attention.DECODE_ATTENTIONS (not imported: it imports torch)
+        _choice("rollout.decode_attention", self.decode_attention, ("gqa", "sdpa"))
         # the names of mcgpo.rollout.vllm_engine.ENGINES (not imported: it imports torch)
         _choice("rollout.engine", self.engine, ("hf", "vllm"))
         u = self.vllm_gpu_memory_utilization

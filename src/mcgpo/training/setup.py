@@ -370,6 +370,7 @@ def collect_options(
         workers=cfg.env.workers,
         step_timeout=cfg.env.step_timeout,
         sampler=cfg.rollout.sampler,
+        decode_attention=cfg.rollout.decode_attention,
     )
 
 

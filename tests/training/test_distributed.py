@@ -216,7 +216,7 @@ def test_progress_gpo_fail_share_counts_the_whole_batch_on_every_rank(monkeypatc
     One process holds 3 groups: 0 and 2 all-fail, 1 mixed, so lam = 0.3 x 2/3. Rank 0 holds
     groups 0, 1 (its own share 1/2), rank 1 group 2 (share 1/1); summing the counts over
     the ranks (all_sum, stood in for here by the two ranks' counts) gives both 2/3."""
-    from mcgpo.training import distributed
+    from mcgpo.training import collectives
     from mcgpo.training.algorithms import assign_credit, resolve_algo
     from mcgpo.training.config import AlgoConfig
 
@@ -230,16 +230,16 @@ def test_progress_gpo_fail_share_counts_the_whole_batch_on_every_rank(monkeypatc
     one = assign_credit(whole, algo)
     assert one.stats["adv/lam_effective"] == pytest.approx(0.3 * 2 / 3)
     counts = [np.array([1.0, 2.0]), np.array([1.0, 1.0])]  # (all-fail groups, groups)
-    monkeypatch.setattr(distributed, "all_sum", lambda values, world: counts[0] + counts[1])
+    monkeypatch.setattr(collectives, "all_sum", lambda values, world: counts[0] + counts[1])
     advantages = []
     for rank, part in enumerate(parts):
-        fixed = distributed.whole_batch_algo(algo, part, World(rank, 2))
+        fixed = collectives.whole_batch_algo(algo, part, World(rank, 2))
         assert fixed.estimator["scale_by_fail_share"] is False
         advantages.append(assign_credit(part, fixed).advantages)
     np.testing.assert_array_equal(np.concatenate(advantages), one.advantages)
     assert (one.advantages != 0).any()
     # one process, or another estimator: the config as given
-    assert distributed.whole_batch_algo(algo, whole, World()) is algo
+    assert collectives.whole_batch_algo(algo, whole, World()) is algo
 
 
 @pytest.mark.slow

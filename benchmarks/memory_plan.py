@@ -8,7 +8,13 @@ an fp32 reference policy for the KL term, a micro-batch of ``--micro-rows`` rows
 ``--sequences`` rows of ``--row-tokens`` tokens in the KV cache. FSDP2 over n GPUs divides
 the weights, gradients, moments and reference by n; activations stay per GPU.
 
-    python benchmarks/memory_plan.py                 # the table in docs/training.md
+A second table gives a colocated vLLM engine's share (``rollout.engine vllm``:
+mcgpo.policy.memory.engine_memory, bf16 weights, the KV cache of the same rollout at full
+context, one prefill step's activations, a fixed 1.5 GB allowance) and the peak per GPU with
+it, awake through the update or asleep (``rollout.vllm_sleep``: level 2, weights and KV
+freed); docs/rollout.md prints it.
+
+    python benchmarks/memory_plan.py                 # the tables in docs/training.md, rollout.md
     python benchmarks/memory_plan.py --row-tokens 5632 --models qwen3-4b,qwen3-8b
 """
 
@@ -16,7 +22,7 @@ from __future__ import annotations
 
 import argparse
 
-from mcgpo.policy.memory import plan
+from mcgpo.policy.memory import GB, plan
 from mcgpo.policy.shapes import SHAPES, shaped_config
 
 GPUS = {"80 GB": 80.0, "141 GB": 141.0}
@@ -67,6 +73,40 @@ def main() -> None:
     print("|" + "---|" * len(head))
     for row in rows(args):
         print("| " + " | ".join(row) + " |")
+    print()
+    print(
+        f"rollout.engine vllm, GB per GPU: the engine's share (bf16, {args.sequences} x "
+        f"{args.row_tokens} tokens of KV) and the peak with it (ckpt on; fits = the "
+        "asleep peak <= 95 % of the GPU)"
+    )
+    print()
+    head = ["model", "GPUs", "weights", "KV cache", "act. + overhead", "vLLM", "trainer resident",
+            "peak awake", "peak asleep", *(f"fits {k}" for k in GPUS)]  # fmt: skip
+    print("| " + " | ".join(head) + " |")
+    print("|" + "---|" * len(head))
+    for row in engine_rows(args):
+        print("| " + " | ".join(row) + " |")
+
+
+def engine_rows(args: argparse.Namespace) -> list[list[str]]:
+    """One row per model and GPU count: the vLLM engine's share and the peaks with it."""
+    out = []
+    for name in args.models.split(","):
+        for gpus in (1, 2, 4, 8):
+            p = plan(
+                shaped_config(name), gpus=gpus, micro_rows=args.micro_rows,
+                row_tokens=args.row_tokens, logits_chunk=args.logits_chunk,
+                sequences=args.sequences,
+            )  # fmt: skip
+            e = p.engine
+            awake, asleep = p.vllm_peak_gb
+            fits = ["yes" if asleep <= size * 0.95 else "no" for size in GPUS.values()]
+            out.append([
+                name, "1" if gpus == 1 else f"FSDP2 x{gpus}", f"{e.weights_bytes / GB:.1f}",
+                f"{e.kv_bytes / GB:.1f}", f"{(e.activations_bytes + e.overhead_bytes) / GB:.1f}",
+                f"{p.vllm_gb:.1f}", f"{p.resident_gb:.1f}", f"{awake:.1f}", f"{asleep:.1f}", *fits,
+            ])  # fmt: skip
+    return out
 
 
 if __name__ == "__main__":

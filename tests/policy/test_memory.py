@@ -112,3 +112,21 @@ def _per_layer_token(name: str, precision: str, small: dict, *, checkpointing: b
     # per layer and per token: the difference of differences removes the weights' bf16
     # copies (per layer, not per token) and everything outside the layers
     return (measured[4, 64] - measured[4, 32] - measured[2, 64] + measured[2, 32]) / 2 / (4 * 32)
+
+
+def test_plan_carries_the_vllm_engines_share_and_peaks():
+    """The engine's share is engine_memory of the same rollout; the trainer keeps its fp32
+    weights (4n), the sharded moments (8n / gpus) and reference (4n / gpus) while vLLM
+    samples; asleep (level 2) the engine keeps only its overhead through the update."""
+    from mcgpo.policy.memory import GB, engine_memory
+
+    config = shaped_config("qwen2.5-1.5b")
+    n = parameter_count(config)
+    p = plan(config, gpus=4, sequences=64, row_tokens=1024)
+    assert p.engine == engine_memory(config, rows=64, context_tokens=1024)
+    assert p.resident_gb == pytest.approx((4 * n + 8 * n / 4 + 4 * n / 4) / GB)
+    awake, asleep = p.vllm_peak_gb
+    assert awake == pytest.approx(max(p.update_gb, p.resident_gb) + p.vllm_gb)
+    overhead = p.engine.overhead_bytes / GB
+    assert asleep == pytest.approx(max(p.update_gb + overhead, p.resident_gb + p.vllm_gb))
+    assert asleep <= awake

@@ -22,6 +22,13 @@ full set while it is recomputed. The LM head runs on the response positions only
 update passes the response mask as ``positions``; ``train.logits_chunk`` x rows of them at a
 time, all if 0) and holds bf16 logits, their fp32 upcast and log-softmax, and for the
 entropy its exp: 14 bytes per vocabulary entry per position.
+
+A colocated vLLM engine (:func:`engine_memory`, ``rollout.engine vllm``) holds its own copy
+of the weights in its dtype, a KV cache of ``2 x layers x kv_heads x head_dim x bytes`` per
+token for every sequence of the rollout at full context, the activations of its profiling
+forward (one prefill step of ``prefill_tokens``; nothing is saved for backward) and a fixed
+allowance for the CUDA context and its CUDA graphs. The last two are estimates, not
+measured on a GPU.
 """
 
 from __future__ import annotations
@@ -30,8 +37,10 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
+    "EngineMemory",
     "MemoryPlan",
     "activation_bytes_per_token",
+    "engine_memory",
     "head_bytes",
     "kv_cache_bytes_per_token",
     "layer_bytes_per_token",
@@ -98,6 +107,49 @@ def kv_cache_bytes_per_token(config: Any, dtype_bytes: int = 2) -> int:
     return config.num_hidden_layers * 2 * k * dtype_bytes
 
 
+ENGINE_OVERHEAD = 1.5 * GB  # CUDA context, CUDA graphs, sampler buffers: an allowance
+
+
+@dataclass(frozen=True)
+class EngineMemory:
+    """Bytes of a colocated vLLM engine on one GPU (module docstring)."""
+
+    weights_bytes: int  # parameters x dtype bytes (the whole model on every GPU)
+    kv_bytes: int  # rows x context tokens x KV bytes per token
+    activations_bytes: int  # one prefill step's forward, and the sampled rows' logits
+    overhead_bytes: int  # ENGINE_OVERHEAD
+
+    @property
+    def total_bytes(self) -> int:
+        return self.weights_bytes + self.kv_bytes + self.activations_bytes + self.overhead_bytes
+
+
+def engine_memory(
+    config: Any,
+    *,
+    rows: int,
+    context_tokens: int,
+    dtype_bytes: int = 2,
+    prefill_tokens: int = 8192,
+) -> EngineMemory:
+    """What a vLLM engine needs to hold ``rows`` sequences of ``context_tokens`` at once.
+
+    Activations of the profiling forward over ``prefill_tokens`` tokens, per token: the
+    residual stream and its normed copy, q/k/v and the attention output (4h + 2q + 2k),
+    the MLP's gate-up output, its SwiGLU product (3f), in the engine's dtype; plus each
+    row's fp32 logits, log-softmax and probabilities (12 bytes per vocabulary entry).
+    """
+    h, f, q, k, _ = _dims(config)
+    acts = prefill_tokens * (4 * h + 2 * q + 2 * k + 3 * f) * dtype_bytes
+    logits = rows * config.vocab_size * 12
+    return EngineMemory(
+        weights_bytes=parameter_count(config) * dtype_bytes,
+        kv_bytes=rows * context_tokens * kv_cache_bytes_per_token(config, dtype_bytes),
+        activations_bytes=acts + logits,
+        overhead_bytes=int(ENGINE_OVERHEAD),
+    )
+
+
 @dataclass(frozen=True)
 class MemoryPlan:
     """GB per GPU of one update and one rollout phase (computed, not measured)."""
@@ -109,6 +161,27 @@ class MemoryPlan:
     head_gb: float  # LM head of one micro-batch
     update_gb: float  # states + ref + activations + head
     rollout_gb: float  # full weights + bf16 autocast copy + AdamW moments + ref + KV cache
+    # rollout.engine vllm: the engine's own share (engine_memory, bf16, every sequence at
+    # row_tokens), and what the trainer keeps while it samples (weights + moments + ref)
+    engine: EngineMemory | None = None
+    resident_gb: float = 0.0
+
+    @property
+    def vllm_gb(self) -> float:
+        """The engine's share, GB (0 without one)."""
+        return self.engine.total_bytes / GB if self.engine else 0.0
+
+    @property
+    def vllm_peak_gb(self) -> tuple[float, float]:
+        """Peak GB per GPU with a colocated vLLM engine: (awake during the update: the
+        engine beside the larger of the update and what the trainer keeps while sampling;
+        asleep during it, ``rollout.vllm_sleep`` level 2, keeping only its overhead)."""
+        engine = self.engine
+        if engine is None:
+            return (0.0, 0.0)
+        awake = max(self.update_gb, self.resident_gb) + self.vllm_gb
+        asleep = max(self.update_gb + engine.overhead_bytes / GB, self.resident_gb + self.vllm_gb)
+        return (awake, asleep)
 
 
 def plan(
@@ -129,7 +202,10 @@ def plan(
     by ``gpus``; the reference is an fp32 copy (4 bytes). Rollout: the sampler needs the
     whole fp32 weights on each GPU (gathered under FSDP2) plus autocast's cached bf16 copy
     (2 bytes per parameter), the sharded AdamW moments (gradients are freed), and the KV
-    cache of ``sequences`` rows of ``row_tokens`` tokens in bf16.
+    cache of ``sequences`` rows of ``row_tokens`` tokens in bf16. With a colocated vLLM
+    engine instead of the HF sampler: ``engine`` (:func:`engine_memory` for the same
+    sequences, bf16) beside what the trainer keeps while it samples, ``resident_gb``
+    (fp32 weights, the sharded moments and reference).
     """
     n = parameter_count(config)
     states = 16 * n / gpus
@@ -139,6 +215,7 @@ def plan(
     head = head_bytes(config, micro_rows, min(response_tokens, row_tokens), logits_chunk)
     kv = sequences * row_tokens * kv_cache_bytes_per_token(config)
     rollout = 6 * n + 8 * n / gpus + ref + kv
+    engine = engine_memory(config, rows=sequences, context_tokens=row_tokens)
     return MemoryPlan(
         params_b=n / 1e9,
         states_gb=states / GB,
@@ -147,4 +224,6 @@ def plan(
         head_gb=head / GB,
         update_gb=(states + ref + acts + head) / GB,
         rollout_gb=rollout / GB,
+        engine=engine,
+        resident_gb=(4 * n + 8 * n / gpus + ref) / GB,
     )

@@ -120,7 +120,14 @@ class RolloutConfig:
         "engine, weights synced after every update; the vllm extra, docs/rollout.md)",
     )
     vllm_gpu_memory_utilization: float = _opt(
-        0.5, "rollout.engine vllm on a GPU: the share of its memory vLLM may take"
+        0.0,
+        "rollout.engine vllm on a GPU: the share of its memory vLLM may take; 0 = planned "
+        "from the model (weights + KV cache for this rank's rows at full context)",
+    )
+    vllm_dtype: str = _opt(
+        "auto",
+        "rollout.engine vllm: auto (bfloat16 on a GPU that has it, whatever the master "
+        "weights; on a CPU the update's dtype), bfloat16 or float32",
     )
     vllm_sleep: bool = _opt(
         False, "rollout.engine vllm on a GPU: free vLLM's memory during the update (sleep mode)"
@@ -140,11 +147,15 @@ class RolloutConfig:
         _choice("rollout.sampler", self.sampler, ("dynamic", "static"))
         # mcgpo.rollout.decode_attention.DECODE_ATTENTIONS (not imported: it imports torch)
         _choice("rollout.decode_attention", self.decode_attention, ("gqa", "sdpa"))
-        # the names of mcgpo.rollout.vllm_engine.ENGINES (not imported: it imports torch)
+        # the names of mcgpo.rollout.vllm_launch.ENGINES (not imported: it imports vLLM)
         _choice("rollout.engine", self.engine, ("hf", "vllm"))
         u = self.vllm_gpu_memory_utilization
-        if not 0 < u <= 1:
-            raise ConfigError(f"rollout.vllm_gpu_memory_utilization must be in (0, 1], got {u}")
+        if not 0 <= u <= 1:
+            raise ConfigError(
+                f"rollout.vllm_gpu_memory_utilization must be in [0, 1] (0 = planned), got {u}"
+            )
+        # the names of mcgpo.rollout.vllm_launch.DTYPES (not imported: it imports vLLM)
+        _choice("rollout.vllm_dtype", self.vllm_dtype, ("auto", "bfloat16", "float32"))
 
 
 @dataclass(frozen=True)
@@ -221,10 +232,16 @@ class TrainConfig:
         2.0, "tis: weights truncated at it; mis: ratios outside [1/cap, cap] masked; > 1"
     )
     tf32: bool = _opt(True, "TF32 matmuls for float32 on CUDA (no effect on CPU)")
-    pair_grad_probe: bool = _opt(
+    compile: str = _opt(
+        "auto",
+        "compiled decoder layers for the update's forwards: true, false, or auto (true on "
+        "CUDA only); docs/training.md 'Compiled layers'",
+    )
+    pair_probe: bool = _opt(
         False,
-        "log the norms of the task and pair terms' gradients on each update's first step "
-        "(pairs/grad_ratio, pairs/grad_cos; two extra backward passes; one process only)",
+        "MCGPO diagnostics: the task and pair terms' gradient norms on each update's first "
+        "step (pairs/grad_ratio, pairs/grad_cos; two extra backward passes) and the pairs' "
+        "margin after the update (pairs/margin_after); one process only",
     )
 
     def check(self) -> None:
@@ -248,6 +265,9 @@ class TrainConfig:
 
         _choice("train.precision", self.precision, PRECISIONS)
         _choice("train.old_logprobs", self.old_logprobs, OLD_LOGPROBS)
+        from mcgpo.policy.compile import COMPILE_SETTINGS  # beside torch.compile (imports torch)
+
+        _choice("train.compile", self.compile, COMPILE_SETTINGS)
         from mcgpo.objectives import ROLLOUT_CORRECTION_LEVELS, ROLLOUT_CORRECTIONS
 
         _choice("train.rollout_correction", self.rollout_correction, ("auto", *ROLLOUT_CORRECTIONS))

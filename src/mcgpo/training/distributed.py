@@ -118,8 +118,8 @@ def check_world(cfg: RunConfig, size: int, kind: str = "train") -> None:
         raise ConfigError(
             f"rollout.groups ({cfg.rollout.groups}) must be divisible by the world size ({size})"
         )
-    if size > 1 and cfg.train.pair_grad_probe:
-        raise ConfigError("train.pair_grad_probe runs in one process only (--nproc 1)")
+    if size > 1 and cfg.train.pair_probe:
+        raise ConfigError("train.pair_probe runs in one process only (--nproc 1)")
     if cfg.backend not in ("auto", "gloo", "nccl"):
         raise ConfigError(f"backend must be auto, gloo or nccl; got {cfg.backend!r}")
     if cfg.backend == "nccl" and not cfg.device.startswith("cuda"):

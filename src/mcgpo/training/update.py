@@ -64,15 +64,16 @@ import numpy as np
 import torch
 
 from mcgpo.objectives import pair_loss, response_log_ratio, task_loss
+from mcgpo.policy.compile import compile_enabled, compile_stats, compiled_graphs
 from mcgpo.policy.logprobs import token_log_probs, token_log_probs_and_entropy
 from mcgpo.policy.precision import compute
 from mcgpo.rollout.tokens import TokenBatch
 from mcgpo.training.config import TrainConfig
 from mcgpo.training.distributed import SINGLE, World, gradient_sync, sharded, zero_backward
-from mcgpo.training.grad_probe import GradProbe
 from mcgpo.training.layout import Layout, PairBatch, plan_mini_batches, plan_rank_share
 from mcgpo.training.metrics import PeakMemory
 from mcgpo.training.old_logprobs import at_old_stats, old_log_probs_for_update, rollout_weights
+from mcgpo.training.pair_probe import GradProbe, PairFit
 
 __all__ = [
     "PairBatch",
@@ -144,6 +145,9 @@ def update_policy(
     Returns averaged statistics (losses, clip fractions, KL, entropy, gradient norm).
     """
     _check_inputs(batch, advantages, cfg, ref_model)
+    fit = None  # train.pair_probe: the pairs' rows before the update (also at lambda_pair 0)
+    if cfg.pair_probe and pairs is not None:
+        fit = PairFit.before_update(model, batch, pairs, cfg.precision, cfg.micro_batch_size)
     pairs = pairs if pairs is not None and lambda_pair > 0 else PairBatch.empty()
     planned = plan_rank_share(model, batch, advantages, pairs, groups, cfg, world)
     if planned is None:  # every trajectory of the batch errored: nothing to learn from
@@ -153,13 +157,14 @@ def update_policy(
     params = [p for p in model.parameters() if p.requires_grad]
     model.train()
     memory = PeakMemory.start(device, "update")
+    graphs = compiled_graphs() if compile_enabled(cfg.compile, device) else None
     micros = [rows for step in layout.steps for rows in step]
     batch, old_stats = old_log_probs_for_update(
         model, batch, micros, cfg, pad_passes=world.size > 1 and sharded(model)
     )
     old_stats |= rollout_weights(batch, cfg)[1]  # rollout_correction/*: this rank's rows
     probe: list[tuple[np.ndarray, float]] = []  # (d of each row, max |ratio - 1|) at theta_old
-    grads = GradProbe(params) if cfg.pair_grad_probe else None  # first step's two gradients
+    grads = GradProbe(params) if cfg.pair_probe else None  # first step's two gradients
     totals = _Averages()
     steps = skipped = used = 0
     scale = world.size  # DDP and FSDP2 average gradients over the ranks; the loss is a global sum
@@ -195,7 +200,12 @@ def update_policy(
     out = totals.means()
     counts = _counts(batch, layout, given, steps, skipped, used / cfg.ppo_epochs)
     probed = grads.stats() if grads is not None else {}
-    return {**out, **counts, **old_stats, **at_old_stats(probe), **probed, **memory.stop()}
+    probed |= fit.stats(model) if fit is not None else {}
+    compiled = compile_stats(graphs) if graphs is not None else {}  # train.compile: compile/*
+    return {
+        **out, **counts, **old_stats, **at_old_stats(probe), **probed, **compiled,
+        **memory.stop(),
+    }  # fmt: skip
 
 
 def _check_inputs(
@@ -259,21 +269,23 @@ def _micro_step(
 
     Returns {metric: (value, weight)}; the trainer averages values with these weights.
     ``probe`` (first optimiser step only) collects d per row and the max |ratio - 1|;
-    ``grads`` (first step, ``train.pair_grad_probe``) the task and pair terms' gradients.
+    ``grads`` (first step, ``train.pair_probe``) the task and pair terms' gradients.
     """
     chunk = cfg.logits_chunk or None
     mask = mb.response_mask
     ref = None
+    layers = compile_enabled(cfg.compile, mb.device)  # train.compile
     with compute(cfg.precision, mb.device):
         log_probs, entropy = token_log_probs_and_entropy(
             model, mb.input_ids, mb.attention_mask, with_entropy=cfg.entropy_coef > 0,
-            chunk_size=chunk, positions=mask,
+            chunk_size=chunk, positions=mask, compile_layers=layers,
         )  # fmt: skip
         if cfg.kl_coef > 0:
             with torch.no_grad():
                 ref = token_log_probs(
-                    ref_model, mb.input_ids, mb.attention_mask, chunk_size=chunk, positions=mask
-                )
+                    ref_model, mb.input_ids, mb.attention_mask, chunk_size=chunk,
+                    positions=mask, compile_layers=layers,
+                )  # fmt: skip
     if probe is not None:
         probe.append(_probe(log_probs.detach(), mb.old_log_probs, mask))
     weights, _ = rollout_weights(mb, cfg)  # train.rollout_correction (None: off)

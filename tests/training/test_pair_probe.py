@@ -1,4 +1,4 @@
-"""The pair-gradient probe (``train.pair_grad_probe``, mcgpo.training.grad_probe).
+"""The pair probe (``train.pair_probe``, mcgpo.training.pair_probe).
 
 The probe measures the task and pair terms' gradients on each update's first optimiser step;
 it must not change the update, and its two gradients must add up to the step's gradient.
@@ -17,11 +17,11 @@ from test_update import TEXTS, make_batch, step
 from mcgpo.policy.tiny import tiny_model, train_tokenizer
 from mcgpo.training.config import ConfigError, RunConfig, TrainConfig
 from mcgpo.training.distributed import check_world
-from mcgpo.training.grad_probe import GradProbe
+from mcgpo.training.pair_probe import GradProbe, PairFit
 from mcgpo.training.update import PairBatch
 
 SIMPLE = TrainConfig(grad_clip=0.0, kl_coef=0.0, entropy_coef=0.0, weight_decay=0.0)
-PROBED = dataclasses.replace(SIMPLE, pair_grad_probe=True)
+PROBED = dataclasses.replace(SIMPLE, pair_probe=True)
 # rows 0-3 in two micro-batches of two; one pair inside each micro-batch
 PAIRS = PairBatch(np.array([0, 3]), np.array([1, 2]), np.array([1.0, 0.5]))
 ADV = [1.0, -0.5, 0.25, -2.0]
@@ -108,11 +108,53 @@ def test_a_constant_pair_term_counts_as_zero():
     assert stats["pairs/grad_norm"] == pytest.approx(1.0)
 
 
+def test_the_margin_after_is_the_pairs_change_of_d(policy):
+    # d of a row = the mean over its response tokens of log pi_new - log pi_before; the
+    # margin of a pair is d+ - d-. Recomputed here by hand from the two models.
+    from mcgpo.policy import token_log_probs
+
+    batch = make_batch(policy, LENGTHS)
+    cfg = dataclasses.replace(PROBED, micro_batch_size=2)
+    new, stats, _ = step(policy, batch, ADV, cfg, pairs=PAIRS, lambda_pair=3.0, lr=0.05)
+    mask = batch.response_mask
+    with torch.no_grad():
+        before = token_log_probs(policy, batch.input_ids, batch.attention_mask)
+        after = token_log_probs(new, batch.input_ids, batch.attention_mask)
+    d = ((after - before) * mask).sum(1) / mask.sum(1)
+    margins = (d[PAIRS.plus] - d[PAIRS.minus]).double().numpy()
+    assert stats["pairs/margin_after"] == pytest.approx(margins.mean(), abs=1e-6)
+    assert stats["pairs/accuracy_after"] == (margins > 0).mean()
+    weighted = (PAIRS.weight * margins).sum() / PAIRS.weight.sum()
+    assert stats["pairs/weighted_margin_after"] == pytest.approx(weighted, abs=1e-6)
+
+
+def test_the_pair_term_raises_the_margin_after_and_lambda_zero_is_measured(policy):
+    # A small gradient step on c * softplus(-(d+ - d-)) raises d+ - d- (first order);
+    # with the task term the same in both runs, a larger lambda gives a larger weighted
+    # margin after the update. At lambda 0 the pairs do not train but are still measured,
+    # and the update is GraphGPO's (no pairs) bit for bit.
+    batch = make_batch(policy, LENGTHS)
+    cfg = dataclasses.replace(PROBED, micro_batch_size=2)
+    _, zero, delta_zero = step(policy, batch, ADV, cfg, pairs=PAIRS, lambda_pair=0.0, lr=0.02)
+    _, big, _ = step(policy, batch, ADV, cfg, pairs=PAIRS, lambda_pair=30.0, lr=0.02)
+    _, _, delta_none = step(policy, batch, ADV, cfg, lr=0.02)
+    assert big["pairs/weighted_margin_after"] > zero["pairs/weighted_margin_after"]
+    assert big["pairs/weighted_margin_after"] > 0
+    for name in delta_zero:
+        assert torch.equal(delta_zero[name], delta_none[name]), name
+    assert "pairs/grad_ratio" in zero and zero["pairs/grad_norm"] == 0.0
+
+
+def test_pair_fit_without_pairs_is_none(policy):
+    batch = make_batch(policy, LENGTHS)
+    assert PairFit.before_update(policy, batch, PairBatch.empty(), "fp32", 2) is None
+
+
 def test_the_probe_is_refused_on_several_processes():
     cfg = RunConfig()
-    cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, pair_grad_probe=True))
+    cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, pair_probe=True))
     check_world(cfg, 1)
-    with pytest.raises(ConfigError, match=r"train\.pair_grad_probe"):
+    with pytest.raises(ConfigError, match=r"train\.pair_probe"):
         check_world(
             dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, groups=16)), 2
         )

@@ -81,13 +81,15 @@ def serve(
     max_body: int = DEFAULT_MAX_BODY,
     log_level: str = "warning",
     announce: Callable[[str], None] | None = None,
+    factory: Callable[[], Any] | None = None,
 ) -> int:
-    """Serve ``make_env(env_name, **options)`` until SIGTERM / SIGINT; the exit code (2 when
-    the bind is unsafe or the environment cannot be built, one line on stderr)."""
+    """Serve ``make_env(env_name, **options)`` (or a picklable ``factory``'s environments,
+    under the name ``env_name``) until SIGTERM / SIGINT; the exit code (2 when the bind is
+    unsafe or the environment cannot be built, one line on stderr)."""
     try:
         check_bind(host, token)
         table = _table(
-            EnvSpec(env_name, dict(options)),
+            factory if factory is not None else EnvSpec(env_name, dict(options)),
             env_name,
             options,
             max_sessions=max_sessions,

@@ -142,6 +142,7 @@ class SessionTable:
         with self._lock:
             return {
                 "sessions": len(self._sessions),
+                "busy": sum(s.busy for s in self._sessions.values()),
                 "max_sessions": self.max_sessions,
                 "workers": len(self._groups),
             }

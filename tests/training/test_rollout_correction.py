@@ -24,6 +24,7 @@ from mcgpo.policy.precision import cast_weights, compute
 from mcgpo.policy.tiny import tiny_model, train_tokenizer
 from mcgpo.rollout.sampler import sample
 from mcgpo.rollout.tokens import TokenBatch
+from mcgpo.training.collectives import merge_metrics
 from mcgpo.training.config import ConfigError, TrainConfig
 from mcgpo.training.config_layout import from_dict
 from mcgpo.training.metrics import read_metrics
@@ -237,6 +238,16 @@ def test_bf16_sampler_gets_tis_by_default_and_its_mismatch_is_weighted():
     assert 1.0 < stats["rollout_correction/ratio_max"] <= math.exp(gap) * (1 + 1e-6)
     assert stats["rollout_correction/weight_mean"] != 1.0
     assert stats["pi_old/ratio_max_dev_at_old"] == 0.0  # the PPO ratio is still 1 at theta_old
+
+
+def test_ranks_merge_the_largest_ratio_and_average_the_rest():
+    ranks = [
+        {"rollout_correction/ratio_max": 1.5, "rollout_correction/ratio_mean": 1.0},
+        {"rollout_correction/ratio_max": 3.0, "rollout_correction/ratio_mean": 1.2},
+    ]
+    merged = merge_metrics(ranks)
+    assert merged["rollout_correction/ratio_max"] == 3.0
+    assert merged["rollout_correction/ratio_mean"] == pytest.approx(1.1)
 
 
 # --------------------------------------------------------------------------- the CLI run

@@ -128,13 +128,14 @@ SUMMED = {
 }
 
 
-_LARGEST = ("time/", "memory/", "pi_old/max_", "pi_old/ratio_max_")
+_LARGEST = ("time/", "memory/", "pi_old/max_", "pi_old/ratio_max_", "rollout_correction/ratio_max")
 
 
 def merge_metrics(records: list[dict[str, float]]) -> dict[str, float]:
     """One update record from the ranks' records: counts summed, other values averaged over
     the ranks that report them; maxima and peaks take the largest rank's (``time/*``: the
-    slowest rank; ``memory/*`` peaks and ``pi_old/max_*``, ``pi_old/ratio_max_*``)."""
+    slowest rank; ``memory/*`` peaks and ``pi_old/max_*``, ``pi_old/ratio_max_*``,
+    ``rollout_correction/ratio_max``)."""
     if len(records) == 1:
         return records[0]
     keys = list(dict.fromkeys(k for r in records for k in r))

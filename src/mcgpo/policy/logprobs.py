@@ -40,6 +40,11 @@ skip them: no gradient all-reduce, or sharded parameters). :class:`PolicyForward
 module they wrap: its forward is the policy's own, or (``chunk_size`` given) the chunked
 computation; the functions here route through it when given such a wrapper. A plain model
 is called directly, as before.
+
+``compile_layers``: the model's decoder layers run compiled for this call
+(:func:`mcgpo.policy.compile.compiled_layers`, ``train.compile``); the update, the pi_old
+recompute and the reference forward pass it, the sampler never does. The values equal the
+eager ones up to float rounding (tests/policy/test_compile.py states the bound).
 """
 
 from __future__ import annotations
@@ -50,6 +55,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.checkpoint import checkpoint
+
+from mcgpo.policy.compile import compiled_layers
 
 __all__ = [
     "PolicyForward",
@@ -85,6 +92,7 @@ def token_log_probs_and_entropy(
     chunk_size: int | None = None,
     positions: torch.Tensor | None = None,
     unique_rows: bool = True,
+    compile_layers: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Return ``(log_probs, entropy)``, both float32 ``[R, L]``, position-aligned (see module).
 
@@ -93,6 +101,7 @@ def token_log_probs_and_entropy(
     these positions (the head runs on their hidden states alone); the rest are 0.
     ``unique_rows``: rows equal in their real tokens, mask and ``positions`` go through the
     model once and their results are copied (see module); ``False`` runs every row.
+    ``compile_layers``: run the decoder layers compiled (see module).
     """
     if input_ids.ndim != 2 or attention_mask.shape != input_ids.shape:
         raise ValueError(
@@ -106,6 +115,12 @@ def token_log_probs_and_entropy(
             f"positions must be [R, L] like input_ids; got {tuple(positions.shape)} and "
             f"{tuple(input_ids.shape)}"
         )
+    if compile_layers:
+        with compiled_layers(model):
+            return token_log_probs_and_entropy(
+                model, input_ids, attention_mask, with_entropy=with_entropy,
+                chunk_size=chunk_size, positions=positions, unique_rows=unique_rows,
+            )  # fmt: skip
     if unique_rows and input_ids.shape[0] > 1:
         first, inverse = _distinct_rows(input_ids, attention_mask, positions)
         if len(first) < input_ids.shape[0]:  # identical rows: computed once, copied back
@@ -282,12 +297,13 @@ def token_log_probs(
     *,
     chunk_size: int | None = None,
     positions: torch.Tensor | None = None,
+    compile_layers: bool = False,
 ) -> torch.Tensor:
     """``[R, L]`` float32: value at t = log p(input_ids[t] | input_ids[<t]); 0 at t=0 and pads
     (and outside ``positions`` when given)."""
     return token_log_probs_and_entropy(
         model, input_ids, attention_mask, with_entropy=False, chunk_size=chunk_size,
-        positions=positions,
+        positions=positions, compile_layers=compile_layers,
     )[0]  # fmt: skip
 
 

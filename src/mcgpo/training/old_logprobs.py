@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from mcgpo.objectives import response_log_ratio, rollout_correction_weights
+from mcgpo.policy.compile import compile_enabled
 from mcgpo.policy.logprobs import token_log_probs
 from mcgpo.policy.precision import compute
 from mcgpo.rollout.tokens import TokenBatch
@@ -51,6 +52,7 @@ def recompute_log_probs(
     precision: str,
     chunk_size: int | None = None,
     pad_passes: bool = False,
+    compile_layers: bool = False,
 ) -> torch.Tensor:
     """``[R, L]`` float32 log-probs of ``batch``'s response tokens by the training forward.
 
@@ -60,6 +62,8 @@ def recompute_log_probs(
     (the update calls this in train mode, as its own forward). 0 off the responses.
     ``pad_passes``: an empty row set still runs a one-token forward (FSDP2, where every
     forward all-gathers parameters, a collective: each rank makes the same number of passes).
+    ``compile_layers``: the decoder layers run compiled, as in the update's forwards
+    (``train.compile``; :mod:`mcgpo.policy.compile`).
     """
     device = next(model.parameters()).device
     out = torch.zeros_like(batch.old_log_probs)
@@ -74,7 +78,7 @@ def recompute_log_probs(
         with compute(precision, device):
             lp = token_log_probs(
                 model, mb.input_ids, mb.attention_mask, chunk_size=chunk_size,
-                positions=mb.response_mask,
+                positions=mb.response_mask, compile_layers=compile_layers,
             )  # fmt: skip
         lp = torch.where(mb.response_mask, lp, torch.zeros_like(lp))
         out[torch.as_tensor(rows), : lp.shape[1]] = lp.to(out.device)
@@ -128,6 +132,7 @@ def old_log_probs_for_update(
         precision=cfg.precision,
         chunk_size=cfg.logits_chunk or None,
         pad_passes=pad_passes,
+        compile_layers=compile_enabled(cfg.compile, next(model.parameters()).device),
     )
     stats = mismatch_stats(batch.behaviour_log_probs, fresh, batch.response_mask)
     stats["pi_old/recomputed"] = float(recompute)

@@ -86,6 +86,7 @@ RESUMABLE = {
     "env.step_timeout",
     "train.old_logprobs_check",  # measures the pi_old mismatch, never changes the update
     "rollout.vllm_gpu_memory_utilization",  # the engine's memory, never its samples
+    "train.compile",  # compiled or eager layers: the same maths, float rounding apart
 }
 
 
@@ -193,6 +194,7 @@ def setup_run(cfg: RunConfig, command: str = "", world: World = SINGLE) -> Run:
     if cfg.train.gradient_checkpointing:
         model.gradient_checkpointing_enable()
         model.config.use_cache = False  # the sampler passes its own cache explicitly
+    _check_compilable(cfg, model)
     learner = distributed_learner(model, cfg.train.sharding, world)
     optimizer = build_optimizer(learner, cfg.train.lr, cfg.train.weight_decay)
     if state is not None:
@@ -218,6 +220,17 @@ def setup_run(cfg: RunConfig, command: str = "", world: World = SINGLE) -> Run:
         learner=learner,
         engine=engine,
     )
+
+
+def _check_compilable(cfg: RunConfig, model: Any) -> None:
+    """``train.compile`` on (true, or auto on CUDA) needs decoder layers it can find."""
+    from mcgpo.policy.compile import compile_enabled, decoder_layers
+
+    if compile_enabled(cfg.train.compile, cfg.device) and not decoder_layers(model):
+        raise ConfigError(
+            f"train.compile {cfg.train.compile}: {type(model).__name__} has no decoder layers "
+            "named in a _no_split_modules list; use --train.compile false"
+        )
 
 
 def writable_folder(path: str | Path) -> Path:

@@ -252,9 +252,12 @@ def test_ranks_merge_the_largest_ratio_and_average_the_rest():
 
 # --------------------------------------------------------------------------- the CLI run
 @pytest.mark.slow
-def test_smoke_run_with_tis_logs_the_metrics(smoke_args, tmp_path):
+@pytest.mark.parametrize("sampler", ["dynamic", "static"])
+def test_smoke_run_with_tis_logs_the_metrics(smoke_args, tmp_path, sampler):
+    # both HF samplers hand their per-token log-probs to the batch as the behaviour's
     out = tmp_path / "tis"
-    assert main(smoke_args(out, "--train.rollout_correction", "tis")) == 0
+    extra = ("--train.rollout_correction", "tis", "--rollout.sampler", sampler)
+    assert main(smoke_args(out, *extra)) == 0
     updates = [r for r in read_metrics(out / "metrics.jsonl") if "loss/task" in r]
     assert [r["update"] for r in updates] == [1, 2]
     for r in updates:

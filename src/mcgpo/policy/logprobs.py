@@ -44,7 +44,7 @@ is called directly, as before.
 ``compile_layers``: the model's decoder layers run compiled for this call
 (:func:`mcgpo.policy.compile.compiled_layers`, ``train.compile``); the update, the pi_old
 recompute and the reference forward pass it, the sampler never does. The values equal the
-eager ones up to float rounding (tests/policy/test_compile.py states the bound).
+eager ones up to float rounding (tests/policy/test_compiled_layers.py states the bound).
 """
 
 from __future__ import annotations

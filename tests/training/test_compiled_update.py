@@ -49,7 +49,7 @@ def test_household_smoke_with_compiled_layers_trains_as_the_eager_run(smoke_args
     assert second["compile/graphs_total"] <= 8
     assert "compile/graphs" not in _updates(eager)[0]
     # update 1 runs on the same rollouts (the sampler is eager): its losses equal the eager
-    # run's to float32 rounding (bound derived in tests/policy/test_compile.py: 3.8e-4 of
+    # run's to float32 rounding (bound derived in tests/policy/test_compiled_layers.py: 3.8e-4 of
     # the scale); the weights after two AdamW steps (lr 1e-3) differ by rounding only
     for key in ("loss/task", "loss/policy", "loss/kl", "policy/entropy"):
         e = _updates(eager)[0][key]

@@ -14,7 +14,7 @@ ruff format --check src tests benchmarks
 lint-imports --no-cache --no-logo
 python -m pytest -q -n 2 "$@"
 if [ "${MCGPO_VERL-1}" != "0" ]; then
-  MCGPO_VENV=.venv-verl MCGPO_EXTRAS=verl bash scripts/setup.sh
+  MCGPO_VENV=.venv-verl MCGPO_EXTRAS=verl,serve bash scripts/setup.sh
   .venv-verl/bin/python -m pytest -q -p no:randomly -n 0 -m verl tests/integrations
 fi
 if [ "${MCGPO_VLLM-1}" != "0" ]; then

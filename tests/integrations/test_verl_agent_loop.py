@@ -221,6 +221,23 @@ def test_failure_kind_reads_the_pool_messages():
     assert kind("step turn 1: TimeoutError: timed out after 3 s") == "error"
     assert kind("reset seed 4: RuntimeError: worker died (simulated)") == "error"
     assert kind("") == "error"
+    # a served environment (mcgpo.envs.serving.client): the server's 504 is a timeout, its
+    # 502 or no answer at all a crash, its 500 (the environment raised) an error
+    assert (
+        kind("step turn 2: EnvStepTimeout: env_timeout: step turn 2: timed out after 60 s")
+        == "timeout"
+    )
+    assert (
+        kind("step turn 1: EnvCrashed: env_crash: step turn 1: worker died (exit code 3)")
+        == "crash"
+    )
+    assert (
+        kind("step turn 4: EnvServerLost: http://h:1/v1/sessions/x/step: ConnectError") == "crash"
+    )
+    assert (
+        kind("reset seed 3: EnvServerLost: http://h:1/v1/sessions/x/reset: ReadTimeout") == "crash"
+    )
+    assert kind("step turn 1: EnvServerError: env_error: step turn 1: KeyError: 'x'") == "error"
 
 
 # ---- environments leased per session -----------------------------------------------------
@@ -424,3 +441,63 @@ def test_the_cache_is_keyed_by_the_whole_env_config():
                             step_timeout=3.0),
     ):  # fmt: skip
         assert agent_loop.env_leases(other) is not a
+
+
+# ---- a served environment (mcgpo env serve) ----------------------------------------------
+
+
+def test_a_served_environment_plays_as_the_local_one_and_its_failures_are_counted(
+    tiny_policy, monkeypatch
+):
+    pytest.importorskip("uvicorn")
+    from pathlib import Path
+
+    from mcgpo.envs.serving.launch import ServedEnv
+    from mcgpo.envs.workers import EnvSpec
+
+    envs_tests = Path(__file__).parents[1] / "envs"
+    monkeypatch.syspath_prepend(str(envs_tests))  # pool_fakes, for the server's workers
+    from pool_fakes import FaultSpec
+
+    model, tokenizer = tiny_policy
+    sessions = [(g, s) for g in range(2) for s in range(N)]
+    # one after the other: TinyServer draws from one generator in request order
+    local, _ = play(
+        config_with(), TinyServer(model, tokenizer), tokenizer, sessions, concurrent=False
+    )
+    with ServedEnv(EnvSpec("household"), "household") as url:
+        config = config_with(name="remote", url=url, remote_name="household", workers=4)
+        remote, _ = play(
+            config, TinyServer(model, tokenizer), tokenizer, sessions, concurrent=False
+        )
+        leases = agent_loop.env_leases(agent_loop.plugin_config(config).env)
+        assert leases.workers == 0 and not any(p.processes() for p in leases.free)
+    for key in sessions:
+        assert [o.extra_fields for o in remote[key]] == [o.extra_fields for o in local[key]]
+    # task 1 crashes its server-side worker at the first step, task 0 plays: one crash
+    with ServedEnv(FaultSpec({(1, 1): "exit"}), "fault") as url:
+        config = config_with(name="remote", url=url, remote_name="fault")
+        outs, _ = play(config, TinyServer(model, tokenizer), tokenizer, [(0, 0), (1, 0)])
+    assert outs[(1, 0)] == [] and outs[(0, 0)]
+    assert totals(outs) == {"env_timeouts": 0, "env_crashes": 1, "env_errors": 0}
+
+
+# ---- robust by default: the shipped configs ----------------------------------------------
+
+CONFIGS = __import__("pathlib").Path(__file__).parents[2] / "configs" / "verl"
+SHIPPED = sorted(p.stem for p in CONFIGS.glob("*.yaml"))
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_every_shipped_config_steps_environments_in_workers_with_a_timeout(name):
+    from mcgpo.integrations.verl.check import compose_config
+
+    run = agent_loop.plugin_config(compose_config(str(CONFIGS), name, ()))
+    assert run.env.workers == 16 and run.env.step_timeout == 60.0
+    if run.env.name == "alfworld":  # the games are named, never left to `auto`
+        assert run.env.options["source"] == "official"
+    # top-level keys: overriding them needs no `+` (Hydra refuses a new key without one)
+    over = compose_config(str(CONFIGS), name, ("mcgpo.env.workers=4", "mcgpo.env.step_timeout=5.5"))
+    assert (over.mcgpo.env.workers, over.mcgpo.env.step_timeout) == (4, 5.5)
+    with pytest.raises(Exception, match="workerz"):
+        compose_config(str(CONFIGS), name, ("mcgpo.env.workerz=4",))

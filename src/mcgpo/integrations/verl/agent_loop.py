@@ -23,13 +23,20 @@ fails every request; another backend is refused when the loop is built (ConfigEr
 :class:`mcgpo.envs.pool.EnvPool`) from a cache kept per process and per environment
 config (:class:`EnvLeases`): a session resets it to its task, and gives it back for the
 next session when its trajectory did not error (an environment that failed is closed). With
+``workers = W > 0`` (the shipped configs set it, with ``step_timeout``) each environment
+lives in its own worker process (:meth:`EnvPool.in_workers`), at most W processes per
+agent-loop worker (a session waits for a free one): a reset or step past
+``mcgpo.env.step_timeout`` seconds, or one that kills its process (``os.abort``, a
+segfault), costs that trajectory only, exactly as in mcgpo's own rollout. With
 ``mcgpo.env.workers = 0`` the environments live in this process, stepped in threads: fast,
-but a hung step hangs its session and a crash kills the agent-loop worker. With
-``workers = W > 0`` each environment lives in its own worker process
-(:meth:`EnvPool.in_workers`), at most W processes per agent-loop worker (a session waits
-for a free one): a reset or step past ``mcgpo.env.step_timeout`` seconds, or one that kills
-its process (``os.abort``, a segfault), costs that trajectory only, exactly as in mcgpo's
-own rollout.
+but a hung step hangs its session and a crash kills the agent-loop worker.
+
+**A served environment** (``mcgpo.env: {name: remote, url: ..., remote_name: ...}``, an
+environment that ``mcgpo env serve`` runs on another host or in another venv;
+docs/envs/serving.md) is already isolated by its server, with the server's step timeout:
+its clients live in this process whatever ``workers`` says, one session each, and a lost
+server, a timed-out step or a crashed server-side worker costs the trajectory and is
+counted (``env_timeouts`` / ``env_crashes``) like a local worker's.
 
 **Errored trajectories.** A reset or step that raises, times out or crashes ends the
 trajectory: the turns before it are returned with ``errored = True`` and the trainer does
@@ -109,10 +116,13 @@ FAILURE_FIELDS: dict[str, str] = {
 }
 
 # EnvPool's one-line messages (mcgpo.envs.pool/_one_line + mcgpo.envs.workers): the phase,
-# then what the worker set reports for a job past the timeout or a worker that died
+# then what the worker set reports for a job past the timeout or a worker that died, or the
+# served environment's client errors (mcgpo.envs.serving.client): the server's 504, or its
+# 502 / no answer at all
 _PHASE = r"^(?:after )?(?:reset seed -?\d+|step turn \d+): "
-_TIMEOUT = re.compile(_PHASE + r"timed out after ")
-_CRASH = re.compile(_PHASE + r"worker died \(")
+_TIMEOUT = re.compile(_PHASE + r"(?:timed out after |EnvStepTimeout: )")
+_CRASH = re.compile(_PHASE + r"(?:worker died \(|EnvCrashed: |EnvServerLost: )")
+REMOTE_ENV = "remote"  # the served-environment client's name (mcgpo.envs.BUILT_IN)
 
 _ENV_THREADS = 64  # threads that wait on environment calls, per agent-loop worker process
 _executor: ThreadPoolExecutor | None = None
@@ -170,7 +180,8 @@ class EnvLeases:
 
     def __init__(self, env: EnvConfig) -> None:
         self.spec = EnvSpec(env.name, dict(env.options))
-        self.workers = int(env.workers)
+        # a served environment's client waits on HTTP; its server isolates the environment
+        self.workers = 0 if env.name == REMOTE_ENV else int(env.workers)
         self.step_timeout = float(env.step_timeout)
         self.free: list[EnvPool] = []
         self.leased = 0

@@ -475,3 +475,34 @@ def test_cli_warm_starts_trains_and_evaluates_on_alfworld(games_root, tmp_path):
     assert (
         main(["eval", *common, "--model", str(run / "model"), "--out", str(tmp_path / "ev")]) == 0
     )
+
+
+def test_the_auto_fallback_message_names_the_missing_path(tmp_path):
+    from mcgpo.envs.alfworld.env import auto_fallback_message
+
+    assert auto_fallback_message(None) == (
+        "alfworld source='auto': $ALFWORLD_DATA is not set and no data_path was given; "
+        "playing generated games (set source='official' to require the official ones, or "
+        "source='generated' to silence this)"
+    )
+    assert f"no json_2.1.1/<split>/ under {tmp_path};" in auto_fallback_message(tmp_path)
+
+
+@pytest.mark.alfworld
+@engine_test
+def test_auto_falls_back_to_generated_games_with_one_warning(tmp_path, monkeypatch):
+    import warnings
+
+    from mcgpo.envs import make_env
+    from mcgpo.envs.alfworld.env import AlfworldFallbackWarning
+
+    monkeypatch.delenv("ALFWORLD_DATA", raising=False)
+    with pytest.warns(AlfworldFallbackWarning, match=f"under {tmp_path};") as caught:
+        env = make_env("alfworld", source="auto", data_path=tmp_path, cache_dir=tmp_path)
+    assert env.source == "generated" and len(caught) == 1
+    assert "\n" not in str(caught[0].message)
+    with pytest.warns(AlfworldFallbackWarning, match=r"\$ALFWORLD_DATA is not set"):
+        make_env("alfworld", cache_dir=tmp_path)  # auto is the default
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # named sources never warn
+        assert make_env("alfworld", source="generated", cache_dir=tmp_path).source == "generated"

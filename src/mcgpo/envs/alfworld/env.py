@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import numbers
 import os
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -52,6 +53,23 @@ SOURCES = ("auto", "official", "generated")
 
 class AlfworldError(ValueError):
     """A bad option, seed or split, a call out of order, or no playable game."""
+
+
+class AlfworldFallbackWarning(UserWarning):
+    """``source='auto'`` found no official games and plays generated ones."""
+
+
+def auto_fallback_message(data: Path | None) -> str:
+    """One line naming the path where ``source='auto'`` looked for the official games."""
+    where = (
+        "$ALFWORLD_DATA is not set and no data_path was given"
+        if data is None
+        else f"no json_2.1.1/<split>/ under {data}"
+    )
+    return (
+        f"alfworld source='auto': {where}; playing generated games (set source='official' "
+        "to require the official ones, or source='generated' to silence this)"
+    )
 
 
 class AlfworldEnv:
@@ -111,6 +129,8 @@ class AlfworldEnv:
             if source == "official" or (source == "auto" and has_games(data))
             else "generated"
         )
+        if source == "auto" and self.source == "generated":
+            warnings.warn(auto_fallback_message(data), AlfworldFallbackWarning, stacklevel=2)
         self.official = OfficialGames(data, task_types) if self.source == "official" else None
         root = Path(cache_dir).expanduser() if cache_dir is not None else DEFAULT_CACHE
         self.cache_root = root / GENERATOR_VERSION

@@ -5,7 +5,8 @@ All three share one flow (see :mod:`mcgpo.bench.runner`): warm start once, run e
 evaluations into ``results.md`` (mean ± SD over seeds, and each method's paired difference
 against GraphGPO, or the first method, with its 95 % paired t-interval and minimum detectable
 effect), plots and the raw points. With ``--report-only`` they only re-render ``results.md``
-from the finished runs in ``--out`` (:mod:`mcgpo.bench.report`).
+from the finished runs in ``--out`` (:mod:`mcgpo.bench.report`), and with ``--sequential
+16,24,32,40`` add the group-sequential look at integrated success (docs/sequential.md).
 
 * ``bench``: the methods named by ``--algos`` with their default options.
 * ``ablate``: MCGPO's controls (seed 000, "Factorial controls"): opposite-fold vs same-fold
@@ -39,6 +40,7 @@ from mcgpo.bench.runner import (
     plan_runs,
     run_plans,
 )
+from mcgpo.bench.sequential import look_fractions
 from mcgpo.training.run_commands import COMMANDS
 
 __all__ = ["ABLATIONS", "BENCH_SETS", "SWEEP", "ablate_main", "bench_main", "sweep_main"]
@@ -121,6 +123,16 @@ def _parser(prog: str, description: str) -> argparse.ArgumentParser:
         help="no warm start, no training: re-render results.md from the runs of this command "
         "line that finished in --out (their metrics.jsonl; a folder saved by "
         "scripts/bench_carry.py will do), keeping its header; plots and evals.jsonl stay",
+    )
+    p.add_argument(
+        "--sequential",
+        default="",
+        metavar="LOOKS",
+        help="with --report-only: the group-sequential design's looks as cumulative paired "
+        "seeds, e.g. 16,24,32,40 (two-sided alpha 0.05, Lan-DeMets O'Brien-Fleming-type "
+        "spending); results.md gets a 'Group-sequential look' section: each method's paired "
+        "difference of integrated success against the baseline at the look held at its "
+        "number of shared seeds, and whether to stop (docs/sequential.md)",
     )
     return p
 
@@ -250,9 +262,12 @@ def _run(command: str, args: argparse.Namespace, variants: Sequence[Variant]) ->
     try:
         seeds = _seeds(args.seeds)
         extra, warm_extra = _set_flags(args.set)
+        looks = _looks(args.sequential)
+        if looks and not args.report_only:
+            raise _BadInput("--sequential needs --report-only (a look reads finished runs)")
         if args.report_only:
             out = Path(args.out or f"runs/{command}-{Path(args.preset).stem}")
-            return report_finished(command, args.argv, out, variants, seeds)
+            return report_finished(command, args.argv, out, variants, seeds, looks)
         if args.model is not None and "--model" in warm_extra:
             raise _BadInput("give --model (no warm start) or --set model (warm-start it), not both")
         if args.model is not None and args.model != "tiny" and not Path(args.model).is_dir():
@@ -297,6 +312,21 @@ def _seeds(text: str) -> list[int]:
         return [int(s) for s in _split(text, "--seeds")]
     except ValueError:
         raise _BadInput(f"--seeds must be integers, got {text!r}") from None
+
+
+def _looks(text: str) -> list[int]:
+    """``--sequential``'s looks (empty when not given), checked: whole, >= 2, increasing."""
+    if not text:
+        return []
+    try:
+        looks = [int(s) for s in _split(text, "--sequential")]
+    except ValueError:
+        raise _BadInput(f"--sequential must be integers, got {text!r}") from None
+    try:
+        look_fractions(looks)
+    except ValueError as err:
+        raise _BadInput(f"--sequential: {err}") from None
+    return looks
 
 
 def _set_flags(items: Sequence[str]) -> tuple[list[str], list[str]]:

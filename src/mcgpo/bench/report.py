@@ -5,7 +5,9 @@
 (``runs/<label>-s<seed>/`` with ``bench-done.json``; the metrics are enough, so a folder
 carried by ``scripts/bench_carry.py`` will do) and re-renders ``results.md`` without a warm
 start or any training, e.g. after the table's statistics changed (issue 35). It rewrites
-``results.md`` only; the plots and ``evals.jsonl`` stay as they are.
+``results.md`` only; the plots and ``evals.jsonl`` stay as they are. With looks given
+(``--sequential 16,24,32,40``) it adds :func:`sequential_section`, the group-sequential look
+at integrated success (:mod:`mcgpo.bench.sequential`, docs/sequential.md).
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import datetime as dt
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+
+import numpy as np
 
 from mcgpo.bench.plots import plot_learning_curves, plot_task_type_bars
 from mcgpo.bench.results import (
@@ -25,14 +29,23 @@ from mcgpo.bench.results import (
     write_points_jsonl,
 )
 from mcgpo.bench.runner import Variant, load_run_result, plan_runs, run_status
+from mcgpo.bench.sequential import (
+    alpha_spent,
+    evaluate_look,
+    look_fractions,
+    look_index,
+    nominal_thresholds,
+    spending_boundaries,
+)
 
-__all__ = ["REPORT_NOTE", "kept_header", "report_finished", "write_results"]
+__all__ = ["REPORT_NOTE", "kept_header", "report_finished", "sequential_section", "write_results"]
 
 # the header line that marks a results.md re-rendered by --report-only
 REPORT_NOTE = "Tables re-rendered from the finished runs' metrics"
 # header lines that describe the runs at the time of writing, not the tables: dropped when a
 # header is kept, and written again for the runs found now
 _STALE = (REPORT_NOTE, "Runs that failed and are left out", "Runs not finished and left out")
+_KIND_NAMES = {"obrien_fleming": "O'Brien–Fleming", "pocock": "Pocock"}
 
 
 def write_results(
@@ -42,20 +55,22 @@ def write_results(
     header: list[str],
     *,
     tables_only: bool = False,
+    appendix: Sequence[str] = (),
 ) -> None:
     """results.md (printed too; the paired differences against the baseline under the main
     table) and, unless ``tables_only``, evals.jsonl, curves.png and, with task types,
     task_types.png. The baseline is GraphGPO if it ran, else the first method; ``mcgpo
-    ablate`` adds each control against default MCGPO (the method the control changes)."""
+    ablate`` adds each control against default MCGPO (the method the control changes).
+    ``appendix`` lines (e.g. :func:`sequential_section`) end results.md."""
     summaries = summarise(runs)
     paired = paired_differences(runs)
     methods = {r.method for r in runs}
     if command == "ablate" and "mcgpo" in methods and paired and paired[0].baseline != "mcgpo":
         paired += paired_differences(runs, baseline="mcgpo")
-    write_atomic(
-        out / "results.md",
-        render_results_md(summaries, title=f"mcgpo {command}", header_lines=header, paired=paired),
+    text = render_results_md(
+        summaries, title=f"mcgpo {command}", header_lines=header, paired=paired
     )
+    write_atomic(out / "results.md", text + "".join(f"{line}\n" for line in appendix))
     if not tables_only:
         write_points_jsonl(out / "evals.jsonl", runs)
         plot_learning_curves(runs, out / "curves.png")
@@ -83,13 +98,19 @@ def kept_header(results_md: Path, command: str) -> list[str]:
 
 
 def report_finished(
-    command: str, argv: Sequence[str], out: Path, variants: Sequence[Variant], seeds: list[int]
+    command: str,
+    argv: Sequence[str],
+    out: Path,
+    variants: Sequence[Variant],
+    seeds: list[int],
+    looks: Sequence[int] = (),
 ) -> int:
-    """Re-render ``out/results.md`` from the finished runs of ``variants`` x ``seeds``.
+    """Re-render ``out/results.md`` from the finished runs of ``variants`` x ``seeds``, with
+    the group-sequential look at ``looks`` (cumulative paired seeds) when given.
 
     Returns 0 when every named run is finished, 1 when some are not (the table holds the
-    others and names them), 2 with a one-line error when there is nothing to report or a
-    finished run's metrics cannot be read."""
+    others and names them), 2 with a one-line error when there is nothing to report, a
+    finished run's metrics cannot be read or the paired seeds are not one of ``looks``."""
     if not (out / "runs").is_dir():
         return _error(command, f"--out {str(out)!r} has no runs/ folder: nothing to report")
     plans = plan_runs(variants, seeds, out, common=[], threads=1)
@@ -111,6 +132,10 @@ def report_finished(
         if not run.points:
             return _error(command, f"{plan.folder}: metrics.jsonl has no evaluation")
         runs.append(run)
+    try:
+        appendix = sequential_section(runs, looks) if looks else []
+    except ValueError as err:
+        return _error(command, f"--sequential: {err}")
     shown = " ".join(a for a in argv if a != "--report-only")
     header = kept_header(out / "results.md", command) or [
         f"Command: `mcgpo {command} {shown}`".rstrip(),
@@ -123,8 +148,74 @@ def report_finished(
     if missing:
         header.append(f"Runs not finished and left out: {', '.join(missing)}.")
         print(f"mcgpo {command}: {len(missing)} runs not finished, left out", file=sys.stderr)
-    write_results(command, out, runs, header, tables_only=True)
+    write_results(command, out, runs, header, tables_only=True, appendix=appendix)
     return 1 if missing else 0
+
+
+def sequential_section(
+    runs: Sequence[RunResult],
+    looks: Sequence[int],
+    alpha: float = 0.05,
+    kind: str = "obrien_fleming",
+) -> list[str]:
+    """The results.md section "Group-sequential look": the design's boundaries at ``looks``
+    and, for each method against the baseline of :func:`paired_differences`, the look's
+    decision on the per-seed differences of integrated success. The look is the one at the
+    number of shared seeds; a ValueError names the comparison when that is not in ``looks``."""
+    fractions = look_fractions(looks)
+    bounds = spending_boundaries(fractions, alpha, kind)
+    thresholds = nominal_thresholds(bounds)
+    by_run = {(r.method, r.seed): float(np.mean([p.success for p in r.points])) for r in runs}
+    results = []
+    for d in paired_differences(runs):
+        diffs = [by_run[d.method, s] - by_run[d.baseline, s] for s in d.seeds]
+        try:
+            index = look_index(len(diffs), looks)
+        except ValueError as err:
+            raise ValueError(
+                f"{d.method} - {d.baseline}: {err}; a look held at another count of seeds "
+                "is given as that count"
+            ) from None
+        results.append((d, evaluate_look(diffs, bounds, index)))
+    if not results:
+        raise ValueError("no paired comparison: the runs hold fewer than two methods")
+    baseline = results[0][0].baseline
+    lines = [
+        "",
+        f"## Group-sequential look (integrated success, method - {baseline}, per seed)",
+        "",
+        f"Design: looks at {', '.join(map(str, looks))} paired seeds, two-sided α = {alpha:g}, "
+        f"Lan–DeMets {_KIND_NAMES.get(kind, kind)}-type alpha spending (docs/sequential.md).",
+        "",
+        "| Look | Seeds | Information fraction | α spent (cumulative) | z boundary "
+        "| Nominal p threshold |",
+        "|---|---|---|---|---|---|",
+    ]
+    spent = alpha_spent(fractions, alpha, kind)
+    for k, n in enumerate(looks):
+        lines.append(
+            f"| {k + 1} | {n} | {fractions[k]:.3f} | {spent[k]:.5f} | {bounds[k]:.3f} "
+            f"| {thresholds[k]:.5f} |"
+        )
+    lines += [
+        "",
+        "| Method | Look | n | Δ | t | p | Threshold | Repeated CI | Decision |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for d, r in results:
+        ci = f"[{100 * r.interval[0]:+.1f}, {100 * r.interval[1]:+.1f}] ({100 * r.level:.2f} %)"
+        lines.append(
+            f"| {d.method} | {r.look} of {r.looks} | {r.n} | {100 * r.mean:+.1f} | {r.t:.2f} "
+            f"| {r.p:.4f} | {r.threshold:.5f} | {ci} | {r.decision.text(d.method, baseline)} |"
+        )
+    lines += [
+        "",
+        "Δ and the repeated confidence interval in percentage points. p is the paired "
+        "t-test's two-sided p-value (n − 1 df); the look stops when p is at most its "
+        "threshold, 2 (1 − Φ(z boundary)); the repeated CI is the t-interval at level "
+        "1 − threshold and excludes 0 exactly then.",
+    ]
+    return lines
 
 
 def _error(command: str, message: str) -> int:

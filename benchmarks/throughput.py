@@ -1,4 +1,4 @@
-"""Throughput measures shared by bench_sampler.py, bench_update.py and gpu_check.py.
+"""Throughput measures shared by bench_sampler.py, bench_update.py and gpu/gpu_check.py.
 
 - Sampling: new tokens per second of ``model.generate``, the dynamic KV-cache sampler and the
   static-cache sampler on one batch (every row makes exactly ``new_tokens`` tokens: EOS is

@@ -1,10 +1,10 @@
 """Which of mcgpo's runtime dependencies the device image lacks, and carried wheels.
 
 Standard library only (``packaging`` too where it is installed, for environment markers), so
-that ``benchmarks/gpu_check.py`` can run it before anything heavy is imported.
+that ``benchmarks/gpu/gpu_check.py`` can run it before anything heavy is imported.
 
-    python benchmarks/gpu_check_deps.py missing [--image FILE]   # requirements to download
-    python benchmarks/gpu_check_deps.py check-wheels DIR [--image FILE]
+    python benchmarks/gpu/gpu_check_deps.py missing [--image FILE]   # requirements to download
+    python benchmarks/gpu/gpu_check_deps.py check-wheels DIR [--image FILE]
 
 ``missing`` prints, one per line, the requirements of ``[project] dependencies`` in
 pyproject.toml (markers evaluated for the device's Python, 3.12) whose distribution is not in
@@ -26,7 +26,7 @@ import zipfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PYPROJECT = ROOT / "pyproject.toml"
 DEVICE_DOCS = Path("/work/.library/device/KINDS.md")  # this workplace's device docs
 DEVICE_PYTHON = "3.12"  # the device image's Python (KINDS.md: 3.12.3)

@@ -308,10 +308,10 @@ def test_sequential_look_section(tmp_path, capsys):
     half = 100 * t_quantile_df2(1 - threshold / 2) * 0.05 / math.sqrt(3)
     ci = f"[{10 - half:+.1f}, {10 + half:+.1f}] ({100 * (1 - threshold):.2f} %)"
     assert ci == "[-42.1, +62.1] (99.69 %)"
-    assert f"| mcgpo | 1 of 2 | 3 | +10.0 | 3.46 | 0.0742 | 0.00305 | {ci} | continue |" in md
+    assert f"| mcgpo | 1 of 2 | 3 | +10.0 | 3.46 | 0.07418 | 0.00305 | {ci} | continue |" in md
     # one look only (boundary 1.96): the same data end the comparison undecided
     assert bench(out, "3") == 0
-    assert "| 0.0742 | 0.05000 | [-2.4, +22.4] (95.00 %) | final: no difference shown |" in (
+    assert "| 0.07418 | 0.05000 | [-2.4, +22.4] (95.00 %) | final: no difference shown |" in (
         (out / "results.md").read_text()
     )
     capsys.readouterr()
@@ -322,7 +322,7 @@ def test_sequential_look_stops(tmp_path, capsys):
     # t / sqrt(t^2 + 2) = 1 - 19.052559 / 19.104973 = 0.002743 <= 0.00305: stop at look 1
     out = bench_folder(tmp_path, [0.10, 0.11, 0.12])
     assert bench(out, "3,6") == 0
-    assert "| 19.05 | 0.0027 | 0.00305 |" in (out / "results.md").read_text()
+    assert "| 19.05 | 0.00274 | 0.00305 |" in (out / "results.md").read_text()
     assert "| stop: mcgpo better |" in (out / "results.md").read_text()
     capsys.readouterr()
 

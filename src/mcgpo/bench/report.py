@@ -206,7 +206,7 @@ def sequential_section(
         ci = f"[{100 * r.interval[0]:+.1f}, {100 * r.interval[1]:+.1f}] ({100 * r.level:.2f} %)"
         lines.append(
             f"| {d.method} | {r.look} of {r.looks} | {r.n} | {100 * r.mean:+.1f} | {r.t:.2f} "
-            f"| {r.p:.4f} | {r.threshold:.5f} | {ci} | {r.decision.text(d.method, baseline)} |"
+            f"| {r.p:.5f} | {r.threshold:.5f} | {ci} | {r.decision.text(d.method, baseline)} |"
         )
     lines += [
         "",

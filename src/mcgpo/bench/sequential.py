@@ -212,7 +212,11 @@ class Decision(enum.Enum):
 
     def text(self, method: str = "method", baseline: str = "baseline") -> str:
         """The decision with the arms' names, e.g. ``stop: mcgpo better``."""
-        return self.value.replace("method", method).replace("baseline", baseline)
+        if self is Decision.METHOD_BETTER:
+            return f"stop: {method} better"
+        if self is Decision.BASELINE_BETTER:
+            return f"stop: {baseline} better"
+        return self.value
 
 
 @dataclass(frozen=True)

@@ -1,12 +1,17 @@
-"""verl's actor update with the plugin equals mcgpo's own update (verl_update_equivalence.py).
+"""verl's actor update with the plugin equals mcgpo's own update (verl_update_equivalence.py),
+on one data-parallel rank and on two, with PPO's clip and dual clip binding.
 
-One batch of 48 step rows with every advantage nonzero and 6 MCGPO pairs (3 per mini-batch),
-from the same weights: verl's ``ActorRolloutRefWorker`` (FSDP2 in fp32 on gloo, its own
-``compute_log_prob`` for pi_old, a ref worker on another checkpoint for the KL term, then
-``update_actor`` with ``mcgpo_ppo_loss``) against :func:`mcgpo.training.update.
-update_policy` with the same settings (2 mini-batches of 24 rows, micro-batches of 4,
-clip 0.2, dual clip 3, KL 0.5 low_var_kl, entropy 0.01, lambda_pair 1, grad clip 1,
-AdamW lr 1e-2). The script takes ~15 s.
+One batch of 48 step rows with every advantage nonzero and 6 MCGPO pairs (3 per mini-batch;
+at dp = 2 on both ranks), from the same weights: verl's ``ActorRolloutRefWorker`` (FSDP2 in
+fp32 on gloo, sharded over the dp ranks, each on its chunk of the batch as verl dispatches
+it; its own ``compute_log_prob`` for pi_old, a ref worker on another checkpoint for the KL
+term, then ``update_actor`` with ``mcgpo_ppo_loss``) against :func:`mcgpo.training.update.
+update_policy` in one process with the same settings (2 mini-batches of 24 rows, micro-
+batches of 4, clip 0.2, dual clip 3, KL 0.5 low_var_kl, entropy 0.01, lambda_pair 1, grad
+clip 1, AdamW lr 1e-2). pi_old is shifted on some tokens before the update (the same on both
+sides) so that the first ratios are 0.67, 1.49 and 4.5 there: the clip binds for both
+advantage signs and the dual clip for negative ones. Each run takes 1-3 minutes on a busy
+2-core machine (two model processes per rank plus mcgpo's six updates).
 
 Tolerances, derived:
 
@@ -20,12 +25,19 @@ Tolerances, derived:
   rounding, not the update. With eps = 1 the step u = m_hat / (sqrt(v_hat) + 1) is a
   smooth function of the gradient, |du/dg| <= 2 per step here (|g| <= 1 after clipping).
   The gradients of the two paths differ by float32 rounding: <= 2.5e-6 (eps_32 = 1.2e-7
-  times ~20 accumulated operations on values <= 1). So |dw| <= lr * steps * 2 * 2.5e-6 =
-  1e-2 * 2 * 5e-6 = 1e-7. Observed: ~4e-9.
-* controls: mcgpo's update without the pair term (lambda 0), or without the KL term, ends
-  >= 1e-5 from verl's weights (observed ~2e-4 and ~1e-4), 100 x the tolerance, so a
-  verl path that dropped either term would fail; the update itself moves the weights
-  by ~2e-3.
+  times ~20 accumulated operations on values <= 1; at dp = 2 the ranks' halves are
+  averaged, which adds one rounding). So |dw| <= lr * steps * 2 * 2.5e-6 =
+  1e-2 * 2 * 5e-6 = 1e-7. Observed: ~4e-9 at dp 1 and 2. Clipping is a discontinuity of
+  the gradient: a token whose ratio sat within ~1e-6 (the paths' log-prob difference) of
+  a clip bound could be clipped on one path only. The shifted tokens start >= 0.18 from the
+  bounds in log space (0.4 against log 1.2 = 0.18; 1.5 against log 3 = 1.1), the others at
+  ratio 1; a token clipped on one path only would move the weights by ~lr * 1e-2, far over
+  the tolerance, which the observed 4e-9 rules out.
+* controls: mcgpo's update without the pair term (lambda 0), or without the KL term, and at
+  dp = 2 with the pair term scaled by dp or by 1/dp (the two wrong data-parallel scales),
+  ends >= 1e-5 from verl's weights (observed 1.2e-4 - 2.9e-4), 100 x the tolerance, so a
+  verl path that dropped either term or scaled the pair term wrongly over the ranks would
+  fail; the update itself moves the weights by ~1.5e-3.
 """
 
 from __future__ import annotations
@@ -43,21 +55,22 @@ verl = pytest.importorskip("verl")
 
 pytestmark = [pytest.mark.verl, pytest.mark.slow]
 HERE = Path(__file__).resolve().parent
-TIMEOUT_S = 300
+TIMEOUT_S = 1200  # observed 2-3 min on the busy 2-core machine
 WEIGHT_TOL, LOSS_TOL, LOGPROB_TOL, CONTROL_MIN = 1e-7, 1e-6, 2e-6, 1e-5
 
 
-@pytest.fixture(scope="module")
-def result(tmp_path_factory) -> dict:
-    out = tmp_path_factory.mktemp("verl_update_equivalence")
+@pytest.fixture(scope="module", params=[1, 2], ids=["dp1", "dp2"])
+def result(request, tmp_path_factory) -> dict:
+    dp = request.param
+    out = tmp_path_factory.mktemp(f"verl_update_equivalence_dp{dp}")
     env = dict(os.environ, VERL_PLATFORM="cpu", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     src = str(HERE.parents[1] / "src")
     env["PYTHONPATH"] = os.pathsep.join([src, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     log = out / "driver.log"
     with log.open("wb") as sink:
         proc = subprocess.run(
-            [sys.executable, str(HERE / "verl_update_equivalence.py"), str(out)], env=env,
-            stdout=sink, stderr=subprocess.STDOUT, timeout=TIMEOUT_S, check=False,
+            [sys.executable, str(HERE / "verl_update_equivalence.py"), str(out), "--dp", str(dp)],
+            env=env, stdout=sink, stderr=subprocess.STDOUT, timeout=TIMEOUT_S, check=False,
         )  # fmt: skip
     if proc.returncode != 0:
         pytest.fail(f"verl_update_equivalence.py exited with {proc.returncode}:\n"
@@ -69,11 +82,34 @@ def test_the_batch_has_signal(result):
     adv = np.asarray(result["mcgpo_advantages"])
     assert result["rows"] == 48 and np.count_nonzero(adv) == 48 and adv.std() > 0.5
     assert len(result["mcgpo_pairs"]) == 6
+    assert result["pair_ranks"] == list(range(result["dp"]))  # pairs on every rank
+    assert result["layout_split_after"] == 0
     metrics = result["verl_metrics"]
+    # totals over the ranks per mini-batch (the loss counts each rank's times dp)
     assert metrics["actor/pairs"] == [3.0, 3.0] and metrics["actor/pairs_split"] == [0.0, 0.0]
     assert min(metrics["grad_norm"]) > 0.1
     assert min(metrics["kl_loss"]) > 1e-3  # the reference is another checkpoint
-    assert min(abs(v) for v in metrics["actor/pg_loss"]) > 1e-2
+    assert min(abs(v) for v in metrics["actor/pg_loss"]) > 1e-3  # 1000 x LOSS_TOL
+
+
+def test_clipping_binds_on_both_paths(result):
+    """Some ratios are clipped (PPO's 0.8 / 1.2) and some dual-clipped (3) in every
+    mini-batch, on verl's side and on mcgpo's (verl averages the micro-batches' fractions,
+    mcgpo weighs them by tokens, so the values differ slightly)."""
+    metrics = result["verl_metrics"]
+    assert min(metrics["actor/pg_clipfrac"]) > 0.01
+    assert min(metrics["actor/pg_clipfrac_lower"]) > 0.01
+    assert min(result["mcgpo_step_clipfrac"]) > 0.01
+    assert min(result["mcgpo_step_clipfrac_lower"]) > 0.01
+
+
+def test_pair_loss_metric_is_mcgpos_loss_pair(result):
+    """actor/pair_loss per mini-batch is mcgpo's own trainer's loss/pair on the same rows
+    (before issue 34: that divided by the micro-batches per rank, 6 / dp here)."""
+    mine = result["mcgpo_step_pair"]
+    assert min(mine) > 0.01
+    np.testing.assert_allclose(result["verl_metrics"]["actor/pair_loss"], mine, rtol=0,
+                               atol=LOSS_TOL)  # fmt: skip
 
 
 def test_advantages_and_pairs_are_exactly_mcgpos(result):
@@ -105,3 +141,13 @@ def test_weights_after_the_update_agree(result):
 def test_dropping_the_pair_or_kl_term_is_detected(result):
     assert result["control_no_pair_vs_verl"] >= CONTROL_MIN
     assert result["control_no_kl_vs_verl"] >= CONTROL_MIN
+
+
+def test_the_pair_terms_data_parallel_scale_is_checked(result):
+    """At dp = 2 the pair term scaled by dp or by 1/dp lands far from verl's weights, while
+    the right scale lands within WEIGHT_TOL (test_weights_after_the_update_agree)."""
+    if result["dp"] == 1:
+        assert "control_pair_times_dp_vs_verl" not in result  # the same update at dp 1
+        return
+    assert result["control_pair_times_dp_vs_verl"] >= CONTROL_MIN
+    assert result["control_pair_over_dp_vs_verl"] >= CONTROL_MIN

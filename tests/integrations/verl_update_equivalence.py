@@ -1,36 +1,48 @@
 """One actor update through verl's worker and through mcgpo's own update, from the same
 weights on the same batch (run by test_verl_equivalence.py, in a fresh process).
 
-``VERL_PLATFORM=cpu python tests/integrations/verl_update_equivalence.py OUT`` builds the
-tiny model (OUT/model) and a batch of 48 step rows (2 tasks x 8 trajectories x 3 turns,
-:func:`mcgpo.bench.synthetic.synthetic_table` seed 0: every advantage nonzero, 6 MCGPO
-pairs) with random prompt and response tokens. The rows go through the plugin as verl
-hands them over: agent-loop ``extra_fields`` -> :func:`~mcgpo.integrations.verl.trainer.
-lay_out_batch` (the trainer's layout, dp = 1) -> :func:`~mcgpo.integrations.verl.batch.
-credit_fields` -> a TensorDict in TransferQueue's layout (``agent_loop_tq``'s fields) ->
-verl's ``ActorRolloutRefWorker`` (role ``actor``, FSDP2 engine in fp32 on gloo, world size
-1) ``compute_log_prob`` for pi_old and the reference (the weights are the initial ones,
-as verl's ``ref_in_actor``), then ``update_actor`` with ``mcgpo_ppo_loss`` installed by
-``set_loss_fn``, with the trainer's ``extra_info`` (``trainer_base._update_actor``).
+``VERL_PLATFORM=cpu python tests/integrations/verl_update_equivalence.py OUT [--dp D]``
+builds the tiny model (OUT/model, and OUT/ref for the reference) and a batch of 48 step
+rows (2 tasks x 8 trajectories x 3 turns, :func:`mcgpo.bench.synthetic.synthetic_table`
+seed 0: every advantage nonzero, 6 MCGPO pairs) with random prompt and response tokens.
+The rows go through the plugin as verl hands them over: agent-loop ``extra_fields`` ->
+:func:`~mcgpo.integrations.verl.trainer.lay_out_batch` (the trainer's layout for D
+data-parallel ranks) -> :func:`~mcgpo.integrations.verl.batch.credit_fields` -> a
+TensorDict in TransferQueue's layout (``agent_loop_tq``'s fields), cut into D contiguous
+chunks with verl's own ``chunk_tensordict`` (its data-parallel dispatch). D processes
+(``--rank R``, a gloo group of world size D) each run verl's ``ActorRolloutRefWorker``
+(role ``actor``, FSDP2 engine in fp32 sharded over the D ranks) on their chunk:
+``compute_log_prob`` for pi_old, a ref worker on another checkpoint for the reference, then
+``update_actor`` with ``mcgpo_ppo_loss`` installed by ``set_loss_fn`` and the trainer's
+``extra_info`` (``trainer_base._update_actor``).
 
-mcgpo's side: the same model folder loaded with transformers, the same rows in the same
-order as a :class:`~mcgpo.rollout.tokens.TokenBatch`, advantages and pairs from
-:func:`mcgpo.training.algorithms.assign_credit` on the StepTable, and
-:func:`mcgpo.training.update.update_policy` with the same settings: 2 mini-batches of 24
-rows (the groups argument makes each mini-batch the rows verl's iterator takes), micro-
-batches of 4, clip 0.2, dual clip 3, KL 0.5 (low_var_kl), entropy 0.01, lambda_pair 1,
-grad clip 1, AdamW (lr 1e-2, betas 0.9/0.999, weight decay 0.01, eps 1: see the test for
-why), one epoch. Also run: mcgpo with lambda_pair 0 and with KL 0 (controls: each term
-moves the weights by far more than the tolerance).
+Clipping binds: pi_old as the update sees it is the worker's log-prob plus a shift on some
+tokens (:func:`clip_shift`), so the first ratios are 0.67, 1.49 or 4.5 there: PPO's clip
+(0.8 / 1.2) binds for tokens of either advantage sign and the dual clip (3) for negative
+ones. Both sides train on the same shifted pi_old.
+
+mcgpo's side (one process, the reference path): the same model folder loaded with
+transformers, the same rows as a :class:`~mcgpo.rollout.tokens.TokenBatch`, ordered so that
+mcgpo's mini-batch k is the union of the D ranks' mini-batches k (for D = 1 verl's order),
+advantages and pairs from :func:`mcgpo.training.algorithms.assign_credit` on the StepTable,
+and :func:`mcgpo.training.update.update_policy` with the same settings: 2 mini-batches of 24
+rows (the groups argument makes each mini-batch those rows), micro-batches of 4, clip 0.2,
+dual clip 3, KL 0.5 (low_var_kl), entropy 0.01, lambda_pair 1, grad clip 1, AdamW (lr 1e-2,
+betas 0.9/0.999, weight decay 0.01, eps 1: see the test for why), one epoch. Also run:
+mcgpo with lambda_pair 0 and with KL 0, and for D > 1 with the pair term scaled by D and
+by 1/D (controls: each moves the weights by far more than the tolerance, so a wrong
+data-parallel scale of the pair term fails).
 
 Writes OUT/result.json (atomically).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import socket
+import subprocess
 import sys
 from functools import partial
 from pathlib import Path
@@ -137,9 +149,23 @@ def tq_rows(records, prompts, responses):
     return list_of_dict_to_tensordict(fields)
 
 
-def verl_update(config, ref_config, data) -> dict:
-    """pi_old from the actor worker's compute_log_prob, the reference log-probs from a ref
-    worker (``ref_config``: another model folder), then one update_actor; the new weights."""
+def clip_shift(row: int, length: int) -> list[float]:
+    """delta added to pi_old's log-prob of each token of batch row ``row`` (verl's order), so
+    that the first ratio exp(-delta) is 0.67 on the first token of every third row (PPO's
+    clip binds where A < 0), 1.49 on the next rows' (binds where A > 0), and 4.5 on the
+    second token of every fourth row (the dual clip binds where A < 0)."""
+    shift = [0.0] * length
+    shift[0] = {0: 0.4, 1: -0.4, 2: 0.0}[row % 3]
+    if row % 4 == 2 and length > 1:
+        shift[1] = -1.5
+    return shift
+
+
+def verl_update(config, ref_config, data, first_row: int) -> dict:
+    """pi_old from the actor worker's compute_log_prob (then shifted by :func:`clip_shift`;
+    ``first_row``: the chunk's first row in the batch), the reference log-probs from a ref
+    worker (``ref_config``: another model folder), then one update_actor; the new weights
+    (gathered from every rank: all ranks must call this)."""
     import torch
     from verl.trainer.ppo.v1.trainer_base import response_from_nested
     from verl.utils import tensordict_utils as tu
@@ -155,7 +181,11 @@ def verl_update(config, ref_config, data) -> dict:
     infer = data.clone()
     tu.assign_non_tensor(infer, calculate_entropy=True, compute_loss=False, temperature=1.0)
     out = worker.compute_log_prob(infer)
-    old = response_from_nested(out["log_probs"], data["response_mask"])
+    raw = response_from_nested(out["log_probs"], data["response_mask"])
+    old = torch.nested.as_nested_tensor(
+        [t + torch.tensor(clip_shift(first_row + i, len(t)), dtype=t.dtype)
+         for i, t in enumerate(raw.unbind())], layout=torch.jagged,
+    )  # fmt: skip
     ref_worker = ActorRolloutRefWorker(ref_config.actor_rollout_ref, role="ref")
     ref_worker.init_model()
     infer = data.clone()
@@ -163,7 +193,7 @@ def verl_update(config, ref_config, data) -> dict:
     ref = response_from_nested(ref_worker.compute_ref_log_prob(infer)["log_probs"],
                                data["response_mask"])  # fmt: skip
     data["old_log_probs"], data["ref_log_prob"] = old, ref
-    rows = MINI_PROMPTS * N
+    rows = MINI_PROMPTS * N  # the mini-batch over all ranks, as the trainer passes it
     tu.assign_non_tensor(
         data, calculate_entropy=True, distillation_use_topk=False, distillation_only=False,
         global_batch_size=rows, mini_batch_size=rows, epochs=1, seed=42,
@@ -177,6 +207,7 @@ def verl_update(config, ref_config, data) -> dict:
         state[name] = value.detach().to(torch.float64).clone()
     return {
         "state": state, "old": [t.tolist() for t in old.unbind()],
+        "raw_old": [t.tolist() for t in raw.unbind()],
         "ref": [t.tolist() for t in ref.unbind()], "metrics": metrics,
     }  # fmt: skip
 
@@ -240,25 +271,16 @@ def mcgpo_update(model_dir, ref_dir, table, order, prompts, responses, old, *, k
     return state, stats, credit
 
 
-def run(out: Path) -> dict:
-    import torch
-    import verl  # noqa: F401  (loads the plugin: the cpu platform and engine)
-    from transformers import AutoModelForCausalLM
-
+def prepare(out: Path, dp: int):
+    """The batch as the trainer lays it out for ``dp`` ranks: (table, order, credit result,
+    layout stats, prompts, responses, the TensorDict of the rows in that order)."""
     from mcgpo.integrations.verl.batch import credit_fields
     from mcgpo.integrations.verl.trainer import lay_out_batch
-    from mcgpo.policy.logprobs import token_log_probs
-    from mcgpo.rollout.tokens import TokenBatch
 
-    torch.manual_seed(0)
-    stage("building the model and the batch")
-    build_model(out / "model")
-    build_model(out / "ref", seed=1)  # the reference: another checkpoint, so KL > 0 at once
     table, records, prompts, responses = rows_and_tokens()
-    run_config = plugin_run_config()
     work = np.array([len(p) + len(r) for p, r in zip(prompts, responses)], dtype=float)
     order, result, stats = lay_out_batch(
-        records, [False] * len(records), work, run_config, group_size=N, dp_size=1,
+        records, [False] * len(records), work, plugin_run_config(), group_size=N, dp_size=dp,
         mini_batch_rows=MINI_PROMPTS * N,
     )  # fmt: skip
     order = [int(i) for i in order]
@@ -266,22 +288,90 @@ def run(out: Path) -> dict:
                    [responses[i] for i in order])  # fmt: skip
     for key, value in credit_fields(result, data["response_mask"]).items():
         data[key] = value
-    stage("verl: worker init, compute_log_prob, update_actor")
-    config = verl_config(out / "model")
-    verl_side = verl_update(config, verl_config(out / "ref"), data)
+    return table, order, result, stats, prompts, responses, data
+
+
+def rank_main(out: Path, rank: int, dp: int) -> None:
+    """One data-parallel rank of verl's side: its chunk through the workers; OUT/rank<R>.pt."""
+    import torch
+    import verl  # noqa: F401  (loads the plugin: the cpu platform and engine)
+    from verl.utils import tensordict_utils as tu
+
+    torch.manual_seed(0)
+    data = prepare(out, dp)[-1]
+    chunk = tu.chunk_tensordict(data, dp)[rank]
+    side = verl_update(verl_config(out / "model"), verl_config(out / "ref"), chunk,
+                       first_row=rank * (len(data) // dp))  # fmt: skip
+    if rank != 0:
+        side.pop("state")
+    torch.save(side, out / f"rank{rank}.pt")
+
+
+def launch_ranks(out: Path, dp: int) -> list[dict]:
+    """verl's side on ``dp`` processes (a gloo group); each rank's results."""
+    import torch
+
+    with socket.socket() as s:  # a free port for the gloo group
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for rank in range(dp):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(dp), LOCAL_RANK=str(rank),
+                   LOCAL_WORLD_SIZE=str(dp), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))  # fmt: skip
+        cmd = [sys.executable, __file__, str(out), "--dp", str(dp), "--rank", str(rank)]
+        procs.append(subprocess.Popen(cmd, env=env))
+    codes = [proc.wait() for proc in procs]
+    if any(codes):
+        raise RuntimeError(f"verl ranks exited with {codes}")
+    return [torch.load(out / f"rank{rank}.pt", weights_only=False) for rank in range(dp)]
+
+
+def mcgpo_permutation(rows: int, dp: int) -> list[int]:
+    """verl positions in mcgpo's order: mini-batch k = the ranks' mini-batches k, in rank
+    order (rank d holds verl positions [d*S, (d+1)*S), its mini-batch k the k-th m rows)."""
+    per_rank, mini = rows // dp, MINI_PROMPTS * N // dp
+    return [d * per_rank + k * mini + j for k in range(per_rank // mini) for d in range(dp)
+            for j in range(mini)]  # fmt: skip
+
+
+def run(out: Path, dp: int) -> dict:
+    import torch
+    import verl  # noqa: F401  (loads the plugin: the cpu platform and engine)
+    from transformers import AutoModelForCausalLM
+
+    from mcgpo.policy.logprobs import token_log_probs
+    from mcgpo.rollout.tokens import TokenBatch
+
+    torch.manual_seed(0)
+    stage(f"building the model and the batch (dp = {dp})")
+    build_model(out / "model")
+    build_model(out / "ref", seed=1)  # the reference: another checkpoint, so KL > 0 at once
+    table, order, result, stats, prompts, responses, _ = prepare(out, dp)
+    stage(f"verl: {dp} rank(s): worker init, compute_log_prob, update_actor")
+    ranks = launch_ranks(out, dp)
+    verl_old = [row for side in ranks for row in side["old"]]  # verl's order
+    raw_old = [row for side in ranks for row in side["raw_old"]]
+    verl_ref = [row for side in ranks for row in side["ref"]]
+    theirs = ranks[0]["state"]
     initial = AutoModelForCausalLM.from_pretrained(out / "model", torch_dtype=torch.float32)
     init = {k: v.to(torch.float64) for k, v in initial.state_dict().items()}
-    stage("mcgpo: update_policy (and the two controls)")
-    same = (out / "model", out / "ref", table, order, prompts, responses, verl_side["old"])
+    stage("mcgpo: update_policy (and the controls)")
+    perm = mcgpo_permutation(len(order), dp)
+    rows = [order[i] for i in perm]
+    same = (out / "model", out / "ref", table, rows, prompts, responses,
+            [verl_old[i] for i in perm])  # fmt: skip
     mine, mine_stats, credit = mcgpo_update(*same, kl=KL, lam=LAMBDA)
     stepwise, step_stats, _ = mcgpo_update(*same, kl=KL, lam=LAMBDA, per_mini_batch=True)
-    no_pair, _, _ = mcgpo_update(*same, kl=KL, lam=0.0)
-    no_kl, _, _ = mcgpo_update(*same, kl=0.0, lam=LAMBDA)
-    theirs = verl_side["state"]
+    controls = {"no_pair": (KL, 0.0), "no_kl": (0.0, LAMBDA)}
+    if dp > 1:
+        controls.update(pair_times_dp=(KL, LAMBDA * dp), pair_over_dp=(KL, LAMBDA / dp))
     names = sorted(set(mine) & set(theirs))
 
     def max_diff(a, b):
         return max(float((a[k] - b[k]).abs().max()) for k in names)
+
+    control = {k: max_diff(mcgpo_update(*same, kl=kl, lam=lam)[0], theirs)
+               for k, (kl, lam) in controls.items()}  # fmt: skip
 
     def logprob_diff(folder, verl_values):
         """Max |mcgpo's log-prob - verl's| on the response tokens, model from ``folder``."""
@@ -296,47 +386,57 @@ def run(out: Path) -> dict:
         return float((lp - batch.old_log_probs)[batch.response_mask].abs().max())
 
     metrics = {}  # verl's per-mini-batch metrics (lists of numbers; a scalar as a list)
-    for key, value in verl_side["metrics"].items():
+    for key, value in ranks[0]["metrics"].items():
         values = value if isinstance(value, list) else [value]
         if all(isinstance(x, (int, float)) for x in values):
             metrics[key] = [float(x) for x in values]
+    plus = np.flatnonzero(result.sign > 0)
     return {
+        "dp": dp,
         "rows": len(order),
         "names_only_verl": sorted(set(theirs) - set(mine)),
         "names_only_mcgpo": sorted(set(mine) - set(theirs)),
-        "plugin_advantages": result.advantages.tolist(),
+        "plugin_advantages": result.advantages[perm].tolist(),  # in mcgpo's order
         "mcgpo_advantages": np.asarray(credit.advantages, np.float32).tolist(),
-        "plugin_pairs": sorted(
-            zip(np.flatnonzero(result.sign > 0).tolist(), result.partner[result.sign > 0].tolist())
-        ),
-        "mcgpo_pairs": sorted(zip(credit.plus.tolist(), credit.minus.tolist())),
+        "plugin_pairs": sorted(zip(plus.tolist(), result.partner[plus].tolist())),
+        "mcgpo_pairs": sorted((perm[a], perm[b]) for a, b in zip(credit.plus, credit.minus)),
+        "pair_ranks": sorted({int(p) // (len(order) // dp) for p in plus}),
         "layout_pairs": stats.pairs,
-        "old_logprob_diff": logprob_diff(out / "model", verl_side["old"]),
-        "ref_logprob_diff": logprob_diff(out / "ref", verl_side["ref"]),
+        "layout_split_after": stats.split_after,
+        "old_logprob_diff": logprob_diff(out / "model", raw_old),
+        "ref_logprob_diff": logprob_diff(out / "ref", verl_ref),
         "stepwise_vs_single_call": max_diff(stepwise, mine),
         "mcgpo_step_losses": [
             s["loss/task"] + LAMBDA * s.get("loss/pair", 0.0) for s in step_stats
         ],
         "mcgpo_step_kl": [s["loss/kl"] for s in step_stats],
         "mcgpo_step_pg": [s["loss/policy"] for s in step_stats],
+        "mcgpo_step_pair": [s.get("loss/pair", 0.0) for s in step_stats],
+        "mcgpo_step_clipfrac": [s["policy/pg_clipfrac"] for s in step_stats],
+        "mcgpo_step_clipfrac_lower": [s["policy/pg_clipfrac_lower"] for s in step_stats],
         "weights_vs_verl": max_diff(mine, theirs),
         "weights_moved": max_diff(init, theirs),
-        "control_no_pair_vs_verl": max_diff(no_pair, theirs),
-        "control_no_kl_vs_verl": max_diff(no_kl, theirs),
+        **{f"control_{k}_vs_verl": v for k, v in control.items()},
         "verl_metrics": metrics,
         "mcgpo_stats": {k: float(v) for k, v in mine_stats.items()},
     }
 
 
-if __name__ == "__main__":
-    out = Path(sys.argv[1])
-    with socket.socket() as s:  # a free port for the world-size-1 gloo group
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))  # fmt: skip
-    result = run(out)
-    tmp = out / "result.json.tmp"
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--dp", type=int, default=1, help="data-parallel ranks of verl's side")
+    parser.add_argument("--rank", type=int, default=None, help="(internal) run this rank")
+    args = parser.parse_args(argv)
+    if args.rank is not None:
+        rank_main(args.out, args.rank, args.dp)
+        return
+    result = run(args.out, args.dp)
+    tmp = args.out / "result.json.tmp"
     tmp.write_text(json.dumps(result))
-    tmp.replace(out / "result.json")
+    tmp.replace(args.out / "result.json")
     stage("done")
+
+
+if __name__ == "__main__":
+    main()

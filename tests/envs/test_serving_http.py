@@ -265,3 +265,17 @@ def test_the_wire_format_round_trips_every_field(obs, reward, done, info):
 def test_a_malformed_answer_is_named(body, message):
     with pytest.raises(ValueError, match=message):
         wire.step_result_from_json(body)
+
+
+def test_a_full_server_fails_a_reset_without_retries_and_serves_it_once_a_place_frees():
+    from mcgpo.envs.serving.client import EnvServerError
+
+    with ServedEnv(EnvSpec("household"), "household", max_sessions=1) as url:
+        holder, waiting = RemoteEnv(url, "household"), RemoteEnv(url, "household", retries=0)
+        holder.reset(seed=0)
+        with pytest.raises(EnvServerError, match="server_full: 1 of 1 sessions are open"):
+            waiting.reset(seed=1)
+        holder.close()
+        assert waiting.reset(seed=1) == make_env("household").reset(seed=1)
+        r = httpx.delete(f"{url}/v1/sessions/{waiting._session}")
+        assert r.json() == {"closed": waiting._session}

@@ -20,6 +20,13 @@ Two ways to step, the same results for the same seeds and actions:
   its other slots are rebuilt by replaying their actions. Close the pool (``close()`` or a
   ``with`` block) to stop the workers.
 
+Environments that wait on I/O rather than compute, such as a served environment's client
+(:class:`~mcgpo.envs.serving.client.RemoteEnv`, which says ``concurrent_steps = True``), are
+stepped in process but at once, from up to ``MAX_THREADS`` threads: the same results, by
+slot, as sequential stepping (each environment owns its state), for one round trip per turn
+instead of one per slot. ``close()`` also closes in-process environments that have a
+``close`` method (a served environment's session).
+
 Errors the *caller* makes (stepping a slot that is done, errored or out of range; a wrong
 number of seeds) raise ``PoolError`` before any environment is touched.
 """

@@ -150,27 +150,30 @@ class RemoteEnv:
         self.max_turns = int(spec["max_turns"])
         self._timeout = httpx.Timeout(self.step_timeout + READ_MARGIN, connect=connect_timeout)
         self._session: str | None = None
+        self._opening: str | None = None  # the id of a session being opened
         self._finalizer = weakref.finalize(self, _close_quietly, self._http, [None])
 
     # ------------------------------------------------------------------ protocol
     def reset(self, seed: int = 0, split: str = "train") -> Observation:
         """Start the task (seed, split) in this env's session (opened or reopened as needed);
-        retried while the server is unreachable (a reset with its seed is safe to repeat)."""
+        retried while the server is unreachable or full (a reset with its seed, and opening
+        a session under an id chosen here, are safe to repeat)."""
         body = {"seed": seed, "split": split}
         for attempt in range(self.retries + 1):
+            last = attempt == self.retries
             try:
-                if self._session is None:
-                    self._open()
+                if self._session is None and not self._open(last):
+                    _backoff(attempt)
+                    continue
                 response = self._post(f"/v1/sessions/{self._session}/reset", body)
             except EnvServerLost:
-                if attempt == self.retries:
+                if last:
                     raise
-                time.sleep(min(2.0**attempt, 10.0) * 0.5)
+                _backoff(attempt)
                 continue
-            if response.status_code in (404, 410):  # the server restarted or ended it
+            if response.status_code in (404, 410) and not last:  # restarted, or ended it
                 self._session = None
-                if attempt < self.retries:
-                    continue
+                continue
             return observation_from_json(self._checked(response)["observation"])
         raise EnvServerLost(f"{self.url}: reset of seed {seed} failed {self.retries + 1} times")
 
@@ -208,7 +211,7 @@ class RemoteEnv:
                 except EnvServerLost as err:
                     if attempt == self.retries:
                         raise ValueError(f"remote env: {err}") from None
-                    time.sleep(min(2.0**attempt, 10.0) * 0.5)
+                    _backoff(attempt)
             spec = self._checked(response, refuse=ValueError)
             if spec.get("protocol") != PROTOCOL:
                 raise ValueError(
@@ -233,21 +236,20 @@ class RemoteEnv:
             )
         return spec
 
-    def _open(self) -> None:
-        session = uuid.uuid4().hex
+    def _open(self, last: bool) -> bool:
+        """Open a session (the same id until one is open: opening is idempotent); False when
+        the server is full or draining and this is not the ``last`` attempt."""
+        session = self._opening = self._opening or uuid.uuid4().hex
         body = {"session": session, "env": self.remote_name, "options": self.options}
-        for attempt in range(self.retries + 1):
-            try:
-                self._checked(self._post("/v1/sessions", body))
-                break
-            except EnvServerLost:
-                if attempt == self.retries:
-                    raise
-                time.sleep(min(2.0**attempt, 10.0) * 0.5)
-        self._session = session
+        response = self._post("/v1/sessions", body)
+        if response.status_code == 503 and not last:
+            return False
+        self._checked(response)
+        self._session, self._opening = session, None
         self._finalizer.detach()
         self._finalizer = weakref.finalize(self, _close_quietly, self._http, [session])
         self._finalizer.atexit = False  # at exit the server's idle timeout closes it
+        return True
 
     def _post(self, path: str, body: Mapping[str, Any]) -> httpx.Response:
         return self._send("POST", path, body)
@@ -279,6 +281,11 @@ class RemoteEnv:
                 self._session = None  # the server ended it
             raise _FAILURES.get(code, EnvServerError)(f"{code}: {message}")
         raise refuse(f"remote env: {code}: {message}")
+
+
+def _backoff(attempt: int) -> None:
+    """Wait before retry ``attempt + 1``: 0.5, 1, 2, 4, 5, 5 ... seconds."""
+    time.sleep(min(0.5 * 2.0**attempt, 5.0))
 
 
 def _close_quietly(http: httpx.Client, session: list[str | None]) -> None:

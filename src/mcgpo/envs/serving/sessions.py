@@ -232,6 +232,8 @@ class SessionTable:
     def close(self, sid: str, why: str = "closed by the client") -> None:
         """End a session and free its slot; WireError 404/410 for an unknown or ended one."""
         session = self.get(sid)
+        if session.busy:
+            raise WireError(409, "session_busy", f"session {sid} is answering another request")
         self._end(session, why)
 
     def reap(self) -> list[str]:

@@ -71,8 +71,9 @@ def _opt(default: Any, help: str) -> Any:
 class EnvConfig:
     name: str = _opt(
         "household",
-        "environment: household, webshop, alfworld, textworld-express, or an installed "
-        "mcgpo.envs plugin (docs/envs/your-own.md)",
+        "environment: household, webshop, alfworld, textworld-express, remote (served by "
+        "mcgpo env serve; docs/envs/serving.md), or an installed mcgpo.envs plugin "
+        "(docs/envs/your-own.md)",
     )
     max_turns: int = _opt(0, "turns per episode; 0 = the environment's own limit")
     train_split: str = _opt("train", "split the training tasks come from")

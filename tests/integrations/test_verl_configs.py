@@ -264,6 +264,12 @@ def test_check_command_prints_one_line(capsys):
     out = capsys.readouterr().out.strip().splitlines()[-1]
     assert out.startswith("ok: mcgpo lambda_pair=1 on webshop, 16 tasks x 8 rollouts")
     assert "64 step rows, 2 GPUs, rollout vllm" in out
+    assert out.endswith("no critic, no rollout correction")
+    extra = ["algorithm.rollout_correction.rollout_is=sequence",
+             "algorithm.rollout_correction.rollout_is_threshold='0.5_2.0'"]  # fmt: skip
+    assert main(["--config-path", str(CONFIGS), "--config-name", "webshop_mcgpo", *extra]) == 0
+    out = capsys.readouterr().out.strip().splitlines()[-1]
+    assert out.endswith("no critic, rollout correction mis sequence cap 2")
 
 
 @pytest.mark.parametrize(

@@ -22,7 +22,7 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
-from mcgpo.integrations.verl.config import check_verl_config, plugin_config
+from mcgpo.integrations.verl.config import check_verl_config, plugin_config, rollout_correction
 from mcgpo.training.config import ConfigError
 
 __all__ = ["check_config", "compose_config", "main"]
@@ -62,11 +62,13 @@ def check_config(config: Any) -> str:
     arr, n = config.actor_rollout_ref, int(config.actor_rollout_ref.rollout.n)
     gpus = int(config.trainer.n_gpus_per_node) * int(config.trainer.nnodes)
     lam = f" lambda_pair={run.algo.lambda_pair:g}" if run.algo.name == "mcgpo" else ""
+    corr = rollout_correction(config)
+    fix = f"rollout correction {corr.mode} {corr.level} cap {corr.cap:g}" if corr else ""
     return (
         f"ok: {run.algo.name}{lam} on {run.env.name}, {config.data.train_batch_size} tasks x "
         f"{n} rollouts per update, mini-batches of {int(arr.actor.ppo_mini_batch_size) * n} "
         f"step rows, {gpus} GPUs, rollout {arr.rollout.name}, "
-        f"KL loss {'on' if ref else 'off'}, no critic"
+        f"KL loss {'on' if ref else 'off'}, no critic, " + (fix or "no rollout correction")
     )
 
 

@@ -120,20 +120,17 @@ def test_compiled_layers_equal_eager_loss_log_probs_and_gradients():
     about as many again, so the two evaluations differ by at most 2 x 50 x 64 u = 3.8e-4 of
     each tensor's scale (its largest magnitude) in the worst case; measured on this model:
     about 1e-6 of it. The asserted bound is that worst case."""
-    bound = 2 * 50 * 64 * 2.0**-24
     model = qwen2()
     ids, mask, positions = _rows(3, 12, seed=0)
+    ran: list[str] = []  # what produced layer 0's output: the compiled function or eager ops
+    model.model.layers[0].register_forward_hook(
+        lambda module, args, out: ran.append(type(out.grad_fn).__name__)
+    )
     eager = _loss_and_grads(model, ids, mask, positions, compiled=False)
     before = compiled_graphs()
     compiled = _loss_and_grads(model, ids, mask, positions, compiled=True)
-    for name, e, c in [("loss", eager[0], compiled[0]), ("log_probs", eager[1], compiled[1]),
-                       ("entropy", eager[2], compiled[2])]:  # fmt: skip
-        assert float((c - e).abs().max()) <= bound * float(e.abs().max()), name
-    assert eager[3].keys() == compiled[3].keys()
-    for name, e in eager[3].items():
-        gap = float((compiled[3][name] - e).abs().max())
-        assert gap <= bound * float(e.abs().max()), (name, gap)
-    assert all(float(g.abs().max()) > 0 for g in eager[3].values())  # every weight is reached
+    _assert_close(eager, compiled)
+    assert ran == ["AddBackward0", "CompiledFunctionBackward"]
     # one graph (forward and backward of a layer) served both layers; micro-batches of other
     # row counts and lengths reuse it: no compilation per micro-batch
     first = compiled_graphs() - before
@@ -142,3 +139,24 @@ def test_compiled_layers_equal_eager_loss_log_probs_and_gradients():
         _loss_and_grads(model, *_rows(rows, length, seed), compiled=True)
     assert compiled_graphs() - before == first
     assert not any("forward" in layer.__dict__ for layer in model.model.layers)
+    # train.gradient_checkpointing: the compiled inner forward under transformers'
+    # checkpoint (non-reentrant), run by the eager wrapper: as close, and compiled indeed
+    model.gradient_checkpointing_enable()
+    ran.clear()
+    eager = _loss_and_grads(model, ids, mask, positions, compiled=False)
+    compiled = _loss_and_grads(model, ids, mask, positions, compiled=True)
+    _assert_close(eager, compiled)
+    assert ran[0] != "CompiledFunctionBackward" and ran[1] == "CompiledFunctionBackward"
+
+
+def _assert_close(eager, compiled) -> None:
+    """Loss, log-probs, entropies and every gradient within the bound derived above."""
+    bound = 2 * 50 * 64 * 2.0**-24
+    for name, e, c in [("loss", eager[0], compiled[0]), ("log_probs", eager[1], compiled[1]),
+                       ("entropy", eager[2], compiled[2])]:  # fmt: skip
+        assert float((c - e).abs().max()) <= bound * float(e.abs().max()), name
+    assert eager[3].keys() == compiled[3].keys()
+    for name, e in eager[3].items():
+        gap = float((compiled[3][name] - e).abs().max())
+        assert gap <= bound * float(e.abs().max()), (name, gap)
+    assert all(float(g.abs().max()) > 0 for g in eager[3].values())  # every weight is reached

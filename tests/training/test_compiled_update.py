@@ -57,6 +57,26 @@ def test_household_smoke_with_compiled_layers_trains_as_the_eager_run(smoke_args
     assert _gap(eager, compiled) <= 1e-5  # measured 8.6e-7 (torch 2.13.0+cpu)
 
 
+@pytest.mark.slow  # compiles the training forward and the no-grad pi_old recompute
+def test_compiled_pi_old_recompute_gives_a_ratio_of_exactly_1_at_theta_old(smoke_args, tmp_path):
+    """bf16-mixed with pi_old recomputed (train.old_logprobs): the recompute runs the
+    compiled layers without gradients, the training forward with them: two graphs. At the
+    first optimiser step (theta = theta_old) every ratio is still exactly 1 and MCGPO's pair
+    score d exactly 0, as with eager layers (measured: the two graphs compute the forward
+    alike, torch 2.13.0+cpu). The compiled forward is not the eager sampler's, which is
+    what the recompute is for (pi_old/max_abs_diff about 1e-3 here, bf16 rounding)."""
+    out = tmp_path / "run"
+    extra = ("--train.compile", "true", "--train.old_logprobs", "recompute")
+    extra = (*extra, "--train.precision", "bf16-mixed", "--train.updates", "1")
+    assert main(smoke_args(out, *extra, "--eval.every", "0")) == 0
+    (record,) = _updates(out)
+    assert record["pi_old/recomputed"] == 1.0
+    assert record["pi_old/ratio_max_dev_at_old"] == 0.0
+    assert record["pairs/d_spread_at_old"] == 0.0
+    assert record["loss/kl"] == 0.0  # the compiled reference forward, theta_0 = the policy
+    assert 2 <= record["compile/graphs"] <= 12
+
+
 GREEDY = ("--rollout.temperature", "0.001", "--eval.temperature", "0.001", "--tensorboard", "false")
 
 

@@ -13,7 +13,12 @@ runs on the response positions only, :mod:`mcgpo.policy.logprobs`).
 
 Only the layer's ``forward`` is compiled, not the module call: hooks stay outside the
 compiled region and run eagerly, which is what FSDP2 needs (its per-layer all-gather and
-reshard are forward hooks) and what transformers' gradient-checkpointing wrapper expects.
+reshard are forward hooks). transformers wraps the forward of its layers
+(``GradientCheckpointingLayer``) in a function that checkpoints the inner forward when
+gradient checkpointing is on; dynamo cannot trace that checkpoint call (it broke the graph
+and ran the layers eagerly, torch 2.13), so the inner forward is what is compiled, and an
+eager wrapper here checkpoints the compiled function as transformers would
+(``train.gradient_checkpointing``).
 
 Shapes: the layers are compiled with dynamic shapes from the first call (``dynamic=True``),
 so one graph serves every micro-batch of at least 2 rows and 2 positions, whatever its
@@ -135,19 +140,43 @@ def _call(compiled: Callable[..., Any], layer: torch.nn.Module, *args: Any, **kw
         return compiled(layer, *args, **kwargs)
 
 
+def _call_checkpointed(
+    compiled: Callable[..., Any], layer: torch.nn.Module, *args: Any, **kwargs: Any
+) -> Any:
+    """transformers' ``forward_with_checkpointing`` around the compiled inner forward: the
+    layer is checkpointed when gradient checkpointing is on, it trains and gradients are
+    on (the update's forwards pass no KV cache, so none is to be dropped here)."""
+    if layer.gradient_checkpointing and layer.training and torch.is_grad_enabled():
+        inner = functools.partial(_call, compiled, layer, **kwargs)
+        return layer._gradient_checkpointing_func(inner, *args)
+    return _call(compiled, layer, *args, **kwargs)
+
+
+def _checkpointing_layer(layer: torch.nn.Module) -> bool:
+    """Whether ``layer``'s class forward is transformers' checkpointing wrapper."""
+    try:
+        from transformers.modeling_layers import GradientCheckpointingLayer
+    except ImportError:  # an older transformers: the forward is the layer's own
+        return False
+    return isinstance(layer, GradientCheckpointingLayer) and hasattr(
+        type(layer).forward, "__wrapped__"
+    )
+
+
 def _bind(layer: torch.nn.Module, dynamic: bool | None) -> None:
-    forward = type(layer).forward
+    wrapped = _checkpointing_layer(layer)
+    forward = type(layer).forward.__wrapped__ if wrapped else type(layer).forward
     compiled = _COMPILED.get((forward, dynamic))
     if compiled is None:
         compiled = torch.compile(forward, backend=_BACKEND, dynamic=dynamic)
         _COMPILED[(forward, dynamic)] = compiled
     # a partial, not a closure: a deep copy of the model binds the copy to the copied layer
-    layer.forward = functools.partial(_call, compiled, layer)
+    layer.forward = functools.partial(_call_checkpointed if wrapped else _call, compiled, layer)
 
 
 def _is_bound(layer: torch.nn.Module) -> bool:
     bound = layer.__dict__.get("forward")
-    return isinstance(bound, functools.partial) and bound.func is _call
+    return isinstance(bound, functools.partial) and bound.func in (_call, _call_checkpointed)
 
 
 def compile_decoder_layers(model: torch.nn.Module, *, dynamic: bool | None = True) -> int:

@@ -19,5 +19,6 @@ if [ "${MCGPO_VERL-1}" != "0" ]; then
 fi
 if [ "${MCGPO_VLLM-1}" != "0" ]; then
   MCGPO_VENV=.venv-vllm MCGPO_EXTRAS=vllm bash scripts/setup.sh
-  .venv-vllm/bin/python -m pytest -q -p no:randomly -n 0 -m vllm tests/rollout/test_vllm_engine.py
+  .venv-vllm/bin/python -m pytest -q -p no:randomly -n 0 -m vllm tests/rollout/test_vllm_engine.py \
+    tests/rollout/test_vllm_rollout_correction.py
 fi

@@ -8,9 +8,9 @@ import pytest
 pytest.importorskip("uvicorn")
 pytest.importorskip("httpx")
 
-from mcgpo.cli import main  # noqa: E402
-from mcgpo.envs.serving.launch import ServedEnv  # noqa: E402
-from mcgpo.envs.workers import EnvSpec  # noqa: E402
+from mcgpo.cli import main
+from mcgpo.envs.serving.launch import ServedEnv
+from mcgpo.envs.workers import EnvSpec
 
 pytestmark = [pytest.mark.serve, pytest.mark.slow]
 

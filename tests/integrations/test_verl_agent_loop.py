@@ -477,7 +477,9 @@ def test_a_served_environment_plays_as_the_local_one_and_its_failures_are_counte
     # task 1 crashes its server-side worker at the first step, task 0 plays: one crash
     with ServedEnv(FaultSpec({(1, 1): "exit"}), "fault") as url:
         config = config_with(name="remote", url=url, remote_name="fault")
-        outs, _ = play(config, TinyServer(model, tokenizer), tokenizer, [(0, 0), (1, 0)])
+        # task 1 first: a session without output hands its count to the next output here
+        sessions = [(1, 0), (0, 0)]
+        outs, _ = play(config, TinyServer(model, tokenizer), tokenizer, sessions, concurrent=False)
     assert outs[(1, 0)] == [] and outs[(0, 0)]
     assert totals(outs) == {"env_timeouts": 0, "env_crashes": 1, "env_errors": 0}
 

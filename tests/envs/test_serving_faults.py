@@ -24,7 +24,6 @@ from mcgpo.envs import make_env  # noqa: E402
 from mcgpo.envs.serving.client import (  # noqa: E402
     EnvCrashed,
     EnvServerError,
-    EnvServerLost,
     EnvStepTimeout,
     RemoteEnv,
     RemoteEnvError,
@@ -44,6 +43,7 @@ def test_a_hung_step_times_out_ends_its_session_and_others_are_served():
         hung.reset(seed=5)
         hung.step("look")
         hung_sid = hung._session
+        assert other.reset(seed=1) == local.reset(seed=1)  # its worker is up before the hang
         outcome: dict[str, object] = {}
         other_done = threading.Event()
 
@@ -57,8 +57,7 @@ def test_a_hung_step_times_out_ends_its_session_and_others_are_served():
         thread = threading.Thread(target=hang)
         thread.start()
         try:
-            assert other.reset(seed=1) == local.reset(seed=1)  # served while the step hangs
-            for _ in range(3):
+            for _ in range(3):  # served while the other session's step hangs
                 action = local.expert_action()
                 assert other.step(action) == local.step(action)
             other_done.set()
@@ -249,7 +248,7 @@ def test_sigterm_finishes_the_step_in_flight_and_opens_no_session():
         proc.send_signal(signal.SIGTERM)
         thread.join(WAIT)
         assert result["res"] == local.step("look")  # the step in flight finished
-        with pytest.raises((EnvServerLost, RemoteEnvError)):
+        with pytest.raises(EnvServerError, match=r"draining|Connect"):
             RemoteEnv(url, "fault", retries=0).reset(seed=0)  # refused, or nobody listens
         # the workers are stopped; uvicorn then ends the process by the signal it caught
         assert proc.wait(WAIT) in (0, -signal.SIGTERM)

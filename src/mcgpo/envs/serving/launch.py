@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import socket
 import sys
 import threading
 import time
@@ -88,6 +89,11 @@ def serve(
     unsafe or the environment cannot be built, one line on stderr)."""
     try:
         check_bind(host, token)
+        sock = _bound(host, port)  # a taken port fails before any worker starts
+    except (ValueError, OSError) as err:
+        print(f"mcgpo env serve: error: {err}", file=sys.stderr)
+        return 2
+    try:
         table = _table(
             factory if factory is not None else EnvSpec(env_name, dict(options)),
             env_name,
@@ -98,14 +104,30 @@ def serve(
             idle_timeout=idle_timeout,
         )
     except (ValueError, WorkerError) as err:
+        sock.close()
         print(f"mcgpo env serve: error: {err}", file=sys.stderr)
         return 2
     server = _server(table, host, port, token, max_body, log_level, announce)
     try:
-        server.run()
+        server.run(sockets=[sock])
     finally:
         table.shutdown()
+        sock.close()
     return 0 if server.started else 2
+
+
+def _bound(host: str, port: int) -> socket.socket:
+    """A listening socket on (host, port); OSError naming the address when it is taken."""
+    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+    except OSError as err:
+        sock.close()
+        raise OSError(f"cannot bind {host}:{port}: {err.strerror or err}") from None
+    sock.set_inheritable(True)
+    return sock
 
 
 class ServedEnv:

@@ -4,8 +4,9 @@
 GPUs), TransferQueue, the FSDP2 actor on two gloo ranks (platform ``cpu``) and its
 reference, two ``mcgpo_cpu`` replicas serving a warm-started tiny model, the ``mcgpo_env``
 agent loop on the plugin environment ``e2e_fork`` (``e2e_fork_env.py``), the ``mcgpo``
-trainer's credit step, pair layout and advantage step, the ``set_loss_fn`` loss with the pair
-and KL terms, the checkpoint and the weight sync back to the replicas. 8 prompts x 8
+trainer's credit step, pair layout and advantage step (with verl's rollout correction mapped
+onto mcgpo's), the ``set_loss_fn`` loss with the pair and KL terms, the checkpoint and the
+weight sync back to the replicas. 8 prompts x 8
 samples x at most 2 turns (verl_cpu_run.py), in a fresh process."""
 
 from __future__ import annotations
@@ -169,7 +170,23 @@ def test_the_update_has_a_gradient_a_kl_term_and_whole_pairs(run):
     assert metrics["mcgpo/pairs_split_dp"] == 0 and metrics["mcgpo/layout_split_after"] == 0
     assert metrics["mcgpo/layout_pairs"] == metrics["mcgpo/pairs"]
     assert metrics["actor/pairs"] > 0 and metrics["actor/pairs_split"] == 0
-    assert "actor/pair_loss" in metrics
+    assert metrics["actor/pair_loss"] > 0  # softplus terms of positive weight
+    assert 0 <= metrics["actor/pair_accuracy"] <= 1
+
+
+def test_the_rollout_correction_runs_on_the_samplers_log_probs(run):
+    """verl's rollout_correction (token-level TIS, cap 2) through the trainer's advantage
+    step: mcgpo's rollout_correction_weights on the agent loop's rollout_log_probs. The
+    actor computes pi_old in bf16 (verl's FSDP default mixed precision) and mcgpo_cpu
+    samples in fp32 from the same weights, so the ratios are 1 up to bf16 rounding (a
+    ratio mean of 1.0011 observed): the sampler-trainer mismatch the correction is for, far
+    from the cap, so the weights are the ratios (weight mean = ratio mean)."""
+    _, metrics = run
+    mean, top = metrics["rollout_correction/ratio_mean"], metrics["rollout_correction/ratio_max"]
+    assert abs(mean - 1.0) < 0.05 and top >= mean
+    assert metrics["rollout_correction/clipped_frac"] == 0.0 and top <= 2.0
+    assert metrics["rollout_correction/weight_mean"] == pytest.approx(mean, rel=1e-6)
+    assert metrics["rollout_correction/seq_log_ratio_sd"] > 0  # bf16 vs fp32: not identical
 
 
 def test_the_replicas_serve_the_trained_weights_after_the_sync(run):

@@ -131,6 +131,9 @@ def overrides(out: Path, model: Path) -> list[str]:
         f"{rollout}.calculate_log_probs=true",
         f"{rollout}.agent.default_agent_loop=mcgpo_env", f"{rollout}.agent.num_workers=1",
         "algorithm.use_kl_in_reward=false", "algorithm.adv_estimator=grpo",
+        # verl's rollout correction, mapped onto mcgpo's (token-level TIS, cap 2)
+        "algorithm.rollout_correction.rollout_is=token",
+        "algorithm.rollout_correction.rollout_is_threshold=2.0",
         "transfer_queue.enable=true",
         "trainer.use_v1=true", "trainer.v1.trainer_mode=mcgpo", "trainer.device=cpu",
         f"trainer.n_gpus_per_node={DP}", "trainer.nnodes=1", "trainer.total_training_steps=1",

@@ -212,12 +212,9 @@ def test_the_server_killed_mid_rollout_costs_the_live_trajectories_only():
         else:
             assert mine == theirs
     assert len(got) >= 8  # turn 1 (8 steps) finished before step 12 (in turn 2) began
-    # training goes on: the next rollout, on a restarted server, plays in full
-    proc, url = start_server()
-    try:
-        again = collect(model, tok, lambda: KillingEnv(url, None, 0), tasks, options)
-    finally:
-        stop(proc)
+    # training goes on: the next rollout, on a new server, plays in full
+    with ServedEnv(EnvSpec("household"), "household", max_sessions=8) as new_url:
+        again = collect(model, tok, lambda: KillingEnv(new_url, None, 0), tasks, options)
     assert again.errors == {} and again.table.to_records() == ref
 
 

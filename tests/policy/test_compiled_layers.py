@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mcgpo.policy.compile import (
+    check_compilable,
     compile_decoder_layers,
     compile_enabled,
     compile_stats,
@@ -75,6 +76,21 @@ def test_compiling_for_good_survives_a_deep_copy_and_can_be_undone():
 def test_a_model_without_decoder_layers_is_refused_in_one_line():
     with pytest.raises(ValueError, match="Linear has no decoder layers to compile"):
         compile_decoder_layers(torch.nn.Linear(2, 2))
+
+
+def test_a_model_that_cannot_compile_is_named_before_any_forward():
+    with pytest.raises(ValueError, match="Linear has no decoder layers to compile"):
+        check_compilable(torch.nn.Linear(2, 2), "cpu")
+    model = qwen2()
+    assert check_compilable(model, "cpu") is None  # g++ here
+    # inductor's CPU code needs a C++ compiler: none found is one line, not a failure deep
+    # inside the first update
+    with (
+        torch._inductor.config.patch({"cpp.cxx": (None, "mcgpo-no-such-c++")}),
+        pytest.raises(ValueError, match=r"^inductor finds no C\+\+ compiler for the CPU \("),
+    ):
+        check_compilable(model, "cpu")
+    assert check_compilable(model, "cuda") is None  # CUDA compiles Triton, not C++
 
 
 def test_compile_stats_count_graphs_since_a_reading():

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 import pytest
+import torch
 from safetensors.torch import load_file
 
 from mcgpo.cli import main
@@ -20,6 +21,19 @@ def test_a_bad_compile_value_is_one_line_exit_2(tmp_path, smoke_args, capsys):
     assert "train.compile must be one of auto, true, false; got 'yes'" in err
     with pytest.raises(ConfigError, match=r"train\.compile must be one of"):
         TrainConfig(compile="cuda").check()
+
+
+def test_no_cpp_compiler_for_compiled_layers_on_the_cpu_is_one_line_exit_2(
+    tmp_path, smoke_args, capsys
+):
+    with torch._inductor.config.patch({"cpp.cxx": (None, "mcgpo-no-such-c++")}):
+        assert main(smoke_args(tmp_path / "run", "--train.compile", "true")) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0
+    assert "train.compile true: inductor finds no C++ compiler for the CPU (" in err
+    assert err.endswith("; use --train.compile false")
+    # auto on the CPU does not compile: no compiler needed
+    assert main(smoke_args(tmp_path / "auto", "--train.updates", "0", "--eval.every", "0")) == 0
 
 
 def _updates(folder):

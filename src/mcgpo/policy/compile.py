@@ -51,6 +51,7 @@ import torch
 
 __all__ = [
     "COMPILE_SETTINGS",
+    "check_compilable",
     "compile_decoder_layers",
     "compile_enabled",
     "compile_stats",
@@ -110,6 +111,25 @@ def compile_stats(since: int) -> dict[str, float]:
     variant has been met), and ``compile/graphs_total``, since the process started."""
     now = compiled_graphs()
     return {"compile/graphs": float(now - since), "compile/graphs_total": float(now)}
+
+
+def check_compilable(model: torch.nn.Module, device: torch.device | str) -> None:
+    """Raise ValueError (one line) when ``model``'s layers cannot be compiled on ``device``:
+    no decoder layers to find (:func:`decoder_layers`), or, on the CPU, no C++ compiler for
+    inductor's CPU code (it would fail at the first forward, deep inside the update)."""
+    if not decoder_layers(model):
+        raise ValueError(
+            f"{type(model).__name__} has no decoder layers to compile (none of its modules "
+            "is named in a _no_split_modules list)"
+        )
+    if torch.device(device).type == "cpu":
+        from torch._inductor.cpp_builder import get_cpp_compiler
+
+        try:
+            get_cpp_compiler()
+        except Exception as err:  # inductor's InvalidCxxCompiler, or its search failing
+            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise ValueError(f"inductor finds no C++ compiler for the CPU ({first})") from None
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:

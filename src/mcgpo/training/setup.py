@@ -223,14 +223,18 @@ def setup_run(cfg: RunConfig, command: str = "", world: World = SINGLE) -> Run:
 
 
 def _check_compilable(cfg: RunConfig, model: Any) -> None:
-    """``train.compile`` on (true, or auto on CUDA) needs decoder layers it can find."""
-    from mcgpo.policy.compile import compile_enabled, decoder_layers
+    """``train.compile`` on (true, or auto on CUDA) needs decoder layers it can find and, on
+    the CPU, a C++ compiler (:func:`mcgpo.policy.compile.check_compilable`)."""
+    from mcgpo.policy.compile import check_compilable, compile_enabled
 
-    if compile_enabled(cfg.train.compile, cfg.device) and not decoder_layers(model):
+    if not compile_enabled(cfg.train.compile, cfg.device):
+        return
+    try:
+        check_compilable(model, cfg.device)
+    except ValueError as err:
         raise ConfigError(
-            f"train.compile {cfg.train.compile}: {type(model).__name__} has no decoder layers "
-            "named in a _no_split_modules list; use --train.compile false"
-        )
+            f"train.compile {cfg.train.compile}: {err}; use --train.compile false"
+        ) from None
 
 
 def writable_folder(path: str | Path) -> Path:

@@ -10,8 +10,11 @@ update_policy` in one process with the same settings (2 mini-batches of 24 rows,
 batches of 4, clip 0.2, dual clip 3, KL 0.5 low_var_kl, entropy 0.01, lambda_pair 1, grad
 clip 1, AdamW lr 1e-2). pi_old is shifted on some tokens before the update (the same on both
 sides) so that the first ratios are 0.67, 1.49 and 4.5 there: the clip binds for both
-advantage signs and the dual clip for negative ones. Each run takes 1-3 minutes on a busy
-2-core machine (two model processes per rank plus mcgpo's six updates).
+advantage signs and the dual clip for negative ones. A third run turns verl's rollout
+correction on (``tis_result``): the shifted values are the sampler's log-probs instead, and
+verl's update with the plugin's ``rollout_is_weights`` is compared with mcgpo's update with
+``train.rollout_correction tis``. Each run takes 1-3 minutes on a busy 2-core machine (two
+model processes per rank plus mcgpo's updates).
 
 Tolerances, derived:
 
@@ -59,23 +62,36 @@ TIMEOUT_S = 1200  # observed 2-3 min on the busy 2-core machine
 WEIGHT_TOL, LOSS_TOL, LOGPROB_TOL, CONTROL_MIN = 1e-7, 1e-6, 2e-6, 1e-5
 
 
-@pytest.fixture(scope="module", params=[1, 2], ids=["dp1", "dp2"])
-def result(request, tmp_path_factory) -> dict:
-    dp = request.param
-    out = tmp_path_factory.mktemp(f"verl_update_equivalence_dp{dp}")
+def drive(tmp_path_factory, name: str, *args: str) -> dict:
+    """Run the driver in a fresh process with ``args``; its result."""
+    out = tmp_path_factory.mktemp(f"verl_update_equivalence_{name}")
     env = dict(os.environ, VERL_PLATFORM="cpu", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     src = str(HERE.parents[1] / "src")
     env["PYTHONPATH"] = os.pathsep.join([src, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     log = out / "driver.log"
     with log.open("wb") as sink:
         proc = subprocess.run(
-            [sys.executable, str(HERE / "verl_update_equivalence.py"), str(out), "--dp", str(dp)],
+            [sys.executable, str(HERE / "verl_update_equivalence.py"), str(out), *args],
             env=env, stdout=sink, stderr=subprocess.STDOUT, timeout=TIMEOUT_S, check=False,
         )  # fmt: skip
     if proc.returncode != 0:
         pytest.fail(f"verl_update_equivalence.py exited with {proc.returncode}:\n"
                     f"{log.read_text(errors='replace')[-6000:]}")  # fmt: skip
     return json.loads((out / "result.json").read_text())
+
+
+@pytest.fixture(scope="module", params=[1, 2], ids=["dp1", "dp2"])
+def result(request, tmp_path_factory) -> dict:
+    return drive(tmp_path_factory, f"dp{request.param}", "--dp", str(request.param))
+
+
+@pytest.fixture(scope="module")
+def tis_result(tmp_path_factory) -> dict:
+    """verl's rollout correction on: pi_old the worker's, the sampler's log-probs shifted by
+    clip_shift (ratios 0.67, 1.49, 4.5: TIS at cap 2 truncates the last), the update with
+    the rollout_is_weights the mcgpo trainer writes; mcgpo's update with
+    train.rollout_correction tis on the same sampler log-probs (it recomputes pi_old)."""
+    return drive(tmp_path_factory, "tis", "--dp", "1", "--tis")
 
 
 def test_the_batch_has_signal(result):
@@ -151,3 +167,24 @@ def test_the_pair_terms_data_parallel_scale_is_checked(result):
         return
     assert result["control_pair_times_dp_vs_verl"] >= CONTROL_MIN
     assert result["control_pair_over_dp_vs_verl"] >= CONTROL_MIN
+
+
+def test_rollout_correction_update_agrees(tis_result):
+    """With verl's rollout correction mapped onto mcgpo's (token TIS, cap 2), verl's update
+    with the plugin's rollout_is_weights equals mcgpo's own update with
+    train.rollout_correction tis: the same weights' statistics (mcgpo's function on both
+    sides, pi_old within 1e-6), the same new weights; without the correction mcgpo lands
+    far away (observed 1.8e-3), so the weights do act on verl's side."""
+    r = tis_result
+    theirs, mine = r["verl_correction"], r["mcgpo_correction"]
+    assert theirs.keys() == mine.keys() and "rollout_correction/clipped_frac" in mine
+    for key, value in theirs.items():
+        assert value == pytest.approx(mine[key], rel=1e-5, abs=1e-6), key
+    assert theirs["rollout_correction/clipped_frac"] > 0.01  # the cap binds (ratios 4.5)
+    assert theirs["rollout_correction/ratio_max"] > 4.0
+    assert r["old_logprob_diff"] <= LOGPROB_TOL
+    assert r["plugin_advantages"] == r["mcgpo_advantages"]
+    assert r["weights_vs_verl"] <= WEIGHT_TOL
+    assert r["weights_moved"] > 1e3 * WEIGHT_TOL
+    assert r["control_no_correction_vs_verl"] >= CONTROL_MIN
+    assert r["control_no_pair_vs_verl"] >= CONTROL_MIN

@@ -33,6 +33,15 @@ mcgpo with lambda_pair 0 and with KL 0, and for D > 1 with the pair term scaled 
 by 1/D (controls: each moves the weights by far more than the tolerance, so a wrong
 data-parallel scale of the pair term fails).
 
+``--tis``: verl's rollout correction on. pi_old stays the worker's, the shifted values are
+the sampler's log-probs (``rollout_log_probs``), and verl's update gets the
+``rollout_is_weights`` the mcgpo trainer writes for ``rollout_is: token``,
+``rollout_is_threshold: 2`` (:func:`~mcgpo.integrations.verl.loss.rollout_is_weights`);
+mcgpo's update gets the same sampler log-probs with ``train.rollout_correction tis`` (cap 2)
+and recomputes pi_old itself. Control: mcgpo without the correction.
+
+The mcgpo side and the shared setup are in verl_equivalence_mcgpo.py.
+
 Writes OUT/result.json (atomically).
 """
 
@@ -48,54 +57,30 @@ from functools import partial
 from pathlib import Path
 
 import numpy as np
-
-GROUPS, N, TURNS = 2, 8, 3
-MINI_PROMPTS = 3  # verl's ppo_mini_batch_size: 3 x N = 24 rows per mini-batch, 2 of them
-MICRO = 4
-LR, WD, EPS, BETAS = 1e-2, 0.01, 1.0, (0.9, 0.999)
-CLIP, DUAL_CLIP, KL, ENTROPY, LAMBDA, GRAD_CLIP = 0.2, 3.0, 0.5, 0.01, 1.0, 1.0
+from verl_equivalence_mcgpo import (
+    BETAS,
+    CLIP,
+    DUAL_CLIP,
+    ENTROPY,
+    EPS,
+    GRAD_CLIP,
+    KL,
+    LAMBDA,
+    LR,
+    MICRO,
+    MINI_PROMPTS,
+    TIS_CAP,
+    WD,
+    N,
+    build_model,
+    mcgpo_update,
+    plugin_run_config,
+    rows_and_tokens,
+)  # fmt: skip
 
 
 def stage(name: str) -> None:
     print(f"verl_update_equivalence: {name}", flush=True)
-
-
-def build_model(out: Path, seed: int = 0) -> None:
-    """The tiny model (``seed`` sets its weights) and its tokenizer, as a model folder."""
-    from mcgpo.policy import tiny_model, train_tokenizer
-    from mcgpo.rollout import environment_corpus
-
-    tokenizer = train_tokenizer(environment_corpus(("household",), episodes=4), vocab_size=400)
-    tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"
-    model = tiny_model(tokenizer, seed=seed, hidden_size=32, num_layers=1)
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-
-
-def rows_and_tokens():
-    """The StepTable, its records as the agent loop's extra_fields, and per-row tokens."""
-    from mcgpo.bench.synthetic import synthetic_table
-
-    table = synthetic_table(GROUPS, N, TURNS, n_states=3, n_actions=2, full_length=True, seed=0)
-    rng = np.random.default_rng(7)
-    prompts = [
-        rng.integers(5, 400, size=int(rng.integers(4, 9))).tolist() for _ in range(len(table))
-    ]
-    responses = [
-        rng.integers(5, 400, size=int(rng.integers(2, 5))).tolist() for _ in range(len(table))
-    ]
-    return table, table.to_records(), prompts, responses
-
-
-def plugin_run_config():
-    from omegaconf import OmegaConf
-
-    from mcgpo.integrations.verl.config import plugin_config
-
-    block = {"env": {"name": "household"}, "algo": {"name": "mcgpo", "lambda_pair": LAMBDA}}
-    return plugin_config(
-        OmegaConf.create({"actor_rollout_ref": {"rollout": {"n": N}}, "mcgpo": block})
-    )
 
 
 def verl_config(model: Path):
@@ -161,18 +146,22 @@ def clip_shift(row: int, length: int) -> list[float]:
     return shift
 
 
-def verl_update(config, ref_config, data, first_row: int) -> dict:
+def verl_update(config, ref_config, data, first_row: int, tis: bool = False) -> dict:
     """pi_old from the actor worker's compute_log_prob (then shifted by :func:`clip_shift`;
     ``first_row``: the chunk's first row in the batch), the reference log-probs from a ref
     worker (``ref_config``: another model folder), then one update_actor; the new weights
-    (gathered from every rank: all ranks must call this)."""
+    (gathered from every rank: all ranks must call this). With ``tis`` pi_old stays the
+    worker's and the shifted values are the sampler's (``rollout_log_probs``): the update
+    gets the ``rollout_is_weights`` the mcgpo trainer's advantage step would write for
+    verl's ``rollout_is: token``, ``rollout_is_threshold: TIS_CAP``."""
     import torch
     from verl.trainer.ppo.v1.trainer_base import response_from_nested
     from verl.utils import tensordict_utils as tu
     from verl.utils.config import omega_conf_to_dataclass
     from verl.workers.engine_workers import ActorRolloutRefWorker
 
-    from mcgpo.integrations.verl.loss import mcgpo_ppo_loss
+    from mcgpo.integrations.verl.config import RolloutCorrection
+    from mcgpo.integrations.verl.loss import mcgpo_ppo_loss, rollout_is_weights
 
     worker = ActorRolloutRefWorker(config.actor_rollout_ref, role="actor")
     worker.init_model()
@@ -182,10 +171,16 @@ def verl_update(config, ref_config, data, first_row: int) -> dict:
     tu.assign_non_tensor(infer, calculate_entropy=True, compute_loss=False, temperature=1.0)
     out = worker.compute_log_prob(infer)
     raw = response_from_nested(out["log_probs"], data["response_mask"])
-    old = torch.nested.as_nested_tensor(
+    shifted = torch.nested.as_nested_tensor(
         [t + torch.tensor(clip_shift(first_row + i, len(t)), dtype=t.dtype)
          for i, t in enumerate(raw.unbind())], layout=torch.jagged,
     )  # fmt: skip
+    old, correction = shifted, {}
+    if tis:
+        old, tis_mode = raw, RolloutCorrection("tis", "token", TIS_CAP)
+        data["rollout_is_weights"], correction = rollout_is_weights(
+            raw, shifted, data["response_mask"], tis_mode
+        )
     ref_worker = ActorRolloutRefWorker(ref_config.actor_rollout_ref, role="ref")
     ref_worker.init_model()
     infer = data.clone()
@@ -208,67 +203,9 @@ def verl_update(config, ref_config, data, first_row: int) -> dict:
     return {
         "state": state, "old": [t.tolist() for t in old.unbind()],
         "raw_old": [t.tolist() for t in raw.unbind()],
+        "behaviour": [t.tolist() for t in shifted.unbind()], "correction": correction,
         "ref": [t.tolist() for t in ref.unbind()], "metrics": metrics,
     }  # fmt: skip
-
-
-def mcgpo_update(model_dir, ref_dir, table, order, prompts, responses, old, *, kl, lam,
-                 per_mini_batch=False):  # fmt: skip
-    """mcgpo's own update of the same rows in the same order: the new weights, its stats
-    (a list, one per mini-batch, with ``per_mini_batch``: one update_policy call per
-    mini-batch with the same optimizer, which is the same sequence of AdamW steps), and
-    the credit."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from mcgpo.rollout.tokens import TokenBatch
-    from mcgpo.training.algorithms import assign_credit
-    from mcgpo.training.config import TrainConfig
-    from mcgpo.training.layout import PairBatch
-    from mcgpo.training.update import update_policy
-
-    model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32)
-    model.config._attn_implementation = "sdpa"
-    ref = AutoModelForCausalLM.from_pretrained(ref_dir, torch_dtype=torch.float32).eval()
-    ref.config._attn_implementation = "sdpa"
-    for p in ref.parameters():
-        p.requires_grad_(False)
-    run = plugin_run_config()
-    credit = assign_credit(table.select(order), run.algo)
-    batch = TokenBatch.from_sequences(
-        [prompts[i] for i in order], [responses[i] for i in order], old, pad_token_id=0
-    )
-    cfg = TrainConfig(
-        mini_batch_size=MINI_PROMPTS * N, micro_batch_size=MICRO, clip=CLIP, dual_clip=DUAL_CLIP,
-        kl_coef=kl, kl_kind="low_var_kl", entropy_coef=ENTROPY, grad_clip=GRAD_CLIP,
-        ppo_epochs=1, precision="fp32", old_logprobs="sampler", lr=LR, weight_decay=WD,
-    )  # fmt: skip
-    optimizer = torch.optim.AdamW(
-        [p for p in model.parameters() if p.requires_grad], lr=LR, betas=BETAS, eps=EPS,
-        weight_decay=WD,
-    )  # fmt: skip
-    pairs = PairBatch(credit.plus, credit.minus, credit.weight)
-    rows = MINI_PROMPTS * N
-    groups = np.arange(len(order)) // rows  # verl's contiguous mini-batches
-    ref_model = ref if kl > 0 else None
-    if per_mini_batch:
-        stats = []
-        for k in range(len(order) // rows):
-            take = np.arange(k * rows, (k + 1) * rows)
-            inside = np.isin(pairs.plus, take) & np.isin(pairs.minus, take)
-            part = PairBatch(pairs.plus[inside] - k * rows, pairs.minus[inside] - k * rows,
-                             pairs.weight[inside])  # fmt: skip
-            stats.append(update_policy(
-                model, optimizer, batch.select(take), credit.advantages[take], cfg, pairs=part,
-                lambda_pair=lam, ref_model=ref_model, groups=groups[take],
-            ))  # fmt: skip
-    else:
-        stats = update_policy(
-            model, optimizer, batch, credit.advantages, cfg, pairs=pairs, lambda_pair=lam,
-            ref_model=ref_model, groups=groups,
-        )  # fmt: skip
-    state = {k: v.detach().to(torch.float64).clone() for k, v in model.state_dict().items()}
-    return state, stats, credit
 
 
 def prepare(out: Path, dp: int):
@@ -291,7 +228,7 @@ def prepare(out: Path, dp: int):
     return table, order, result, stats, prompts, responses, data
 
 
-def rank_main(out: Path, rank: int, dp: int) -> None:
+def rank_main(out: Path, rank: int, dp: int, tis: bool) -> None:
     """One data-parallel rank of verl's side: its chunk through the workers; OUT/rank<R>.pt."""
     import torch
     import verl  # noqa: F401  (loads the plugin: the cpu platform and engine)
@@ -301,13 +238,13 @@ def rank_main(out: Path, rank: int, dp: int) -> None:
     data = prepare(out, dp)[-1]
     chunk = tu.chunk_tensordict(data, dp)[rank]
     side = verl_update(verl_config(out / "model"), verl_config(out / "ref"), chunk,
-                       first_row=rank * (len(data) // dp))  # fmt: skip
+                       first_row=rank * (len(data) // dp), tis=tis)  # fmt: skip
     if rank != 0:
         side.pop("state")
     torch.save(side, out / f"rank{rank}.pt")
 
 
-def launch_ranks(out: Path, dp: int) -> list[dict]:
+def launch_ranks(out: Path, dp: int, tis: bool) -> list[dict]:
     """verl's side on ``dp`` processes (a gloo group); each rank's results."""
     import torch
 
@@ -318,7 +255,8 @@ def launch_ranks(out: Path, dp: int) -> list[dict]:
     for rank in range(dp):
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(dp), LOCAL_RANK=str(rank),
                    LOCAL_WORLD_SIZE=str(dp), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))  # fmt: skip
-        cmd = [sys.executable, __file__, str(out), "--dp", str(dp), "--rank", str(rank)]
+        cmd = [sys.executable, __file__, str(out), "--dp", str(dp), "--rank", str(rank),
+               *(["--tis"] if tis else [])]  # fmt: skip
         procs.append(subprocess.Popen(cmd, env=env))
     codes = [proc.wait() for proc in procs]
     if any(codes):
@@ -334,7 +272,7 @@ def mcgpo_permutation(rows: int, dp: int) -> list[int]:
             for j in range(mini)]  # fmt: skip
 
 
-def run(out: Path, dp: int) -> dict:
+def run(out: Path, dp: int, tis: bool = False) -> dict:
     import torch
     import verl  # noqa: F401  (loads the plugin: the cpu platform and engine)
     from transformers import AutoModelForCausalLM
@@ -348,8 +286,7 @@ def run(out: Path, dp: int) -> dict:
     build_model(out / "ref", seed=1)  # the reference: another checkpoint, so KL > 0 at once
     table, order, result, stats, prompts, responses, _ = prepare(out, dp)
     stage(f"verl: {dp} rank(s): worker init, compute_log_prob, update_actor")
-    ranks = launch_ranks(out, dp)
-    verl_old = [row for side in ranks for row in side["old"]]  # verl's order
+    ranks = launch_ranks(out, dp, tis)
     raw_old = [row for side in ranks for row in side["raw_old"]]
     verl_ref = [row for side in ranks for row in side["ref"]]
     theirs = ranks[0]["state"]
@@ -358,20 +295,28 @@ def run(out: Path, dp: int) -> dict:
     stage("mcgpo: update_policy (and the controls)")
     perm = mcgpo_permutation(len(order), dp)
     rows = [order[i] for i in perm]
+    given = [row for side in ranks for row in side["behaviour" if tis else "old"]]
     same = (out / "model", out / "ref", table, rows, prompts, responses,
-            [verl_old[i] for i in perm])  # fmt: skip
-    mine, mine_stats, credit = mcgpo_update(*same, kl=KL, lam=LAMBDA)
-    stepwise, step_stats, _ = mcgpo_update(*same, kl=KL, lam=LAMBDA, per_mini_batch=True)
-    controls = {"no_pair": (KL, 0.0), "no_kl": (0.0, LAMBDA)}
+            [given[i] for i in perm])  # fmt: skip
+    mine, mine_stats, credit = mcgpo_update(*same, kl=KL, lam=LAMBDA, tis=tis)
+    # per mini-batch: one call each (with tis each call would recompute pi_old at its own
+    # weights, which verl does once: so only without it)
+    step_stats = []
+    stepwise = mine
+    if not tis:
+        stepwise, step_stats, _ = mcgpo_update(*same, kl=KL, lam=LAMBDA, per_mini_batch=True)
+    controls = {"no_pair": (KL, 0.0, tis), "no_kl": (0.0, LAMBDA, tis)}
     if dp > 1:
-        controls.update(pair_times_dp=(KL, LAMBDA * dp), pair_over_dp=(KL, LAMBDA / dp))
+        controls.update(pair_times_dp=(KL, LAMBDA * dp, tis), pair_over_dp=(KL, LAMBDA / dp, tis))
+    if tis:  # the sampler's log-probs as pi_old, no weights: what verl's path would be without
+        controls["no_correction"] = (KL, LAMBDA, False)
     names = sorted(set(mine) & set(theirs))
 
     def max_diff(a, b):
         return max(float((a[k] - b[k]).abs().max()) for k in names)
 
-    control = {k: max_diff(mcgpo_update(*same, kl=kl, lam=lam)[0], theirs)
-               for k, (kl, lam) in controls.items()}  # fmt: skip
+    control = {k: max_diff(mcgpo_update(*same, kl=kl, lam=lam, tis=t)[0], theirs)
+               for k, (kl, lam, t) in controls.items()}  # fmt: skip
 
     def logprob_diff(folder, verl_values):
         """Max |mcgpo's log-prob - verl's| on the response tokens, model from ``folder``."""
@@ -393,6 +338,11 @@ def run(out: Path, dp: int) -> dict:
     plus = np.flatnonzero(result.sign > 0)
     return {
         "dp": dp,
+        "tis": tis,
+        "verl_correction": ranks[0]["correction"],  # rank 0's rows (all of them at dp 1)
+        "mcgpo_correction": {
+            k: v for k, v in mine_stats.items() if k.startswith("rollout_correction/")
+        },
         "rows": len(order),
         "names_only_verl": sorted(set(theirs) - set(mine)),
         "names_only_mcgpo": sorted(set(mine) - set(theirs)),
@@ -426,12 +376,13 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out", type=Path)
     parser.add_argument("--dp", type=int, default=1, help="data-parallel ranks of verl's side")
+    parser.add_argument("--tis", action="store_true", help="verl's rollout correction (TIS)")
     parser.add_argument("--rank", type=int, default=None, help="(internal) run this rank")
     args = parser.parse_args(argv)
     if args.rank is not None:
-        rank_main(args.out, args.rank, args.dp)
+        rank_main(args.out, args.rank, args.dp, args.tis)
         return
-    result = run(args.out, args.dp)
+    result = run(args.out, args.dp, args.tis)
     tmp = args.out / "result.json.tmp"
     tmp.write_text(json.dumps(result))
     tmp.replace(args.out / "result.json")

@@ -42,12 +42,15 @@ and verl's ``ppo_loss`` multiplies the policy-gradient tokens by them, as mcgpo'
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from mcgpo.objectives import pair_loss, response_log_ratio, rollout_correction_weights
+
+if TYPE_CHECKING:
+    from mcgpo.integrations.verl.config import RolloutCorrection
 
 __all__ = ["LOSS_NAME", "mcgpo_ppo_loss", "micro_batch_pairs", "rollout_is_weights"]
 
@@ -73,7 +76,7 @@ def rollout_is_weights(
     old_log_probs: torch.Tensor,
     rollout_log_probs: torch.Tensor,
     response_mask: torch.Tensor,
-    correction: Any,
+    correction: RolloutCorrection,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """verl's ``rollout_is_weights`` for a batch, by mcgpo's
     :func:`~mcgpo.objectives.rollout_correction_weights`.

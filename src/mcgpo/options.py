@@ -32,6 +32,7 @@ __all__ = [
     "is_number",
     "option",
     "option_help",
+    "parse_scalar",
     "parse_text",
 ]
 
@@ -139,6 +140,20 @@ def _number_words(low: float | None, high: float | None, low_open: bool, high_op
 
 
 # ---------------------------------------------------------------------- text by field type
+def parse_scalar(text: str) -> Any:
+    """A command-line value of no declared type, read as TOML would read it: true/false, an
+    integer, a float, else the text (environment options, ``mcgpo env serve --env.KEY``)."""
+    low = text.strip().lower()
+    if low in ("true", "false"):
+        return low == "true"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
 def parse_text(key: str, text: str, kind: Any) -> Any:
     """A command-line string read as the declared type ``kind`` ("0.2", "true", "none").
 

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import fields, is_dataclass
 from typing import Any
 
+from mcgpo.options import parse_scalar
 from mcgpo.training.config import ConfigError, RunConfig
 
 __all__ = [
@@ -128,19 +129,6 @@ def coerce(key: str, value: Any, kind: type, prefix: str = "") -> Any:
     if not isinstance(value, str):
         raise ConfigError(f"{prefix}{key}: expected a string, got {value!r}")
     return value
-
-
-def parse_scalar(text: str) -> Any:
-    """A command-line value as TOML would read it: true/false, int, float, else the string."""
-    low = text.strip().lower()
-    if low in ("true", "false"):
-        return low == "true"
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return text
 
 
 def flatten(cfg: Any, prefix: str = "") -> dict[str, Any]:

@@ -19,8 +19,9 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from mcgpo.envs.serving.security import check_bind, read_token
+from mcgpo.options import parse_scalar
 
-__all__ = ["main", "parse_scalar"]
+__all__ = ["main"]
 
 DEFAULT_PORT = 8765
 
@@ -33,19 +34,6 @@ class _Parser(argparse.ArgumentParser):
 def _fail(message: str) -> int:
     print(f"mcgpo env serve: error: {message}", file=sys.stderr)
     return 2
-
-
-def parse_scalar(text: str) -> Any:
-    """A command-line value as TOML reads it: true/false, an integer, a float, else the text."""
-    low = text.strip().lower()
-    if low in ("true", "false"):
-        return low == "true"
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return text
 
 
 def _parser() -> argparse.ArgumentParser:

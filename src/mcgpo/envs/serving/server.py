@@ -88,24 +88,69 @@ def build_app(
     reap_every: float | None = None,
 ) -> Starlette:
     """The ASGI app serving ``table`` (already started); see the module docstring."""
-    threads = ThreadPoolExecutor(table.max_sessions + 4, thread_name_prefix="mcgpo-serve")
+    service = _Service(table, token, max_body, reap_every)
+    return Starlette(
+        routes=service.routes(),
+        exception_handlers={HTTPException: _http_error, Exception: _internal},
+        lifespan=service.lifespan,
+    )
 
-    async def blocking(fn: Callable[..., Any], *args: Any) -> Any:
-        return await asyncio.get_running_loop().run_in_executor(threads, fn, *args)
 
-    def authorised(request: Request) -> None:
-        if token is None:
+class _Service:
+    """The state the endpoints share: the session table, the thread pool the environment
+    calls run in, the token and the body limit."""
+
+    def __init__(
+        self, table: SessionTable, token: str | None, max_body: int, reap_every: float | None
+    ) -> None:
+        self.table = table
+        self.token = token
+        self.max_body = max_body
+        self.reap_every = reap_every
+        self.threads = ThreadPoolExecutor(table.max_sessions + 4, thread_name_prefix="mcgpo-serve")
+
+    def routes(self) -> list[Route]:
+        guarded = self.guarded
+        return [
+            Route("/health", guarded(self.health, open_=True), methods=["GET"]),
+            Route("/v1/spec", guarded(self.spec), methods=["GET"]),
+            Route("/v1/sessions", guarded(self.open_session), methods=["POST"]),
+            Route("/v1/sessions/{sid}/reset", guarded(self.reset), methods=["POST"]),
+            Route("/v1/sessions/{sid}/step", guarded(self.step), methods=["POST"]),
+            Route("/v1/sessions/{sid}/expert", guarded(self.expert), methods=["GET"]),
+            Route("/v1/sessions/{sid}", guarded(self.close), methods=["DELETE"]),
+        ]
+
+    @contextlib.asynccontextmanager
+    async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        reaper = asyncio.create_task(_reap(self.table, self.blocking, self.reap_every))
+        try:
+            yield
+        finally:
+            reaper.cancel()
+            await self.blocking(self.table.shutdown)
+            self.threads.shutdown(wait=False)
+
+    # --- plumbing: the thread pool, the token, the error bodies ---
+
+    async def blocking(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self.threads, fn, *args)
+
+    def authorised(self, request: Request) -> None:
+        if self.token is None:
             return
-        if not same_token(request.headers.get(TOKEN_HEADER, ""), token):
+        if not same_token(request.headers.get(TOKEN_HEADER, ""), self.token):
             raise WireError(401, "unauthorized", f"missing or wrong {TOKEN_HEADER} header")
 
-    def endpoint(
-        handler: Callable[[Request], Awaitable[Response]], *, open_: bool = False
+    def guarded(
+        self, handler: Callable[[Request], Awaitable[Response]], *, open_: bool = False
     ) -> Callable[[Request], Awaitable[Response]]:
+        """``handler`` behind the token check (unless ``open_``), its errors as bodies."""
+
         async def wrapped(request: Request) -> Response:
             try:
                 if not open_:
-                    authorised(request)
+                    self.authorised(request)
                 return await handler(request)
             except WireError as err:
                 return _error(err.status, err.code, err.message)
@@ -114,12 +159,16 @@ def build_app(
 
         return wrapped
 
-    async def health(request: Request) -> Response:
+    # --- the server: health and spec ---
+
+    async def health(self, request: Request) -> Response:
+        table = self.table
         status = "draining" if table.draining else "ok"
         body = {"status": status, "env": table.env_name, "protocol": PROTOCOL, **table.stats()}
         return _json(body, 503 if table.draining else 200)
 
-    async def spec(request: Request) -> Response:
+    async def spec(self, request: Request) -> Response:
+        table = self.table
         return _json(
             {
                 "env": table.env_name,
@@ -131,8 +180,11 @@ def build_app(
             }
         )
 
-    async def open_session(request: Request) -> Response:
-        body = check_body(await _body(request, max_body), _OPEN)
+    # --- sessions: open, reset, step, expert, close ---
+
+    async def open_session(self, request: Request) -> Response:
+        table = self.table
+        body = check_body(await _body(request, self.max_body), _OPEN)
         env = body.get("env", table.env_name)
         if env != table.env_name:
             raise WireError(
@@ -140,7 +192,7 @@ def build_app(
             )
         if "options" in body:
             _same_options(body["options"], table.options)
-        session, new = await blocking(table.open, body.get("session"))
+        session, new = await self.blocking(table.open, body.get("session"))
         return _json(
             {
                 "session": session.id,
@@ -151,60 +203,37 @@ def build_app(
             201 if new else 200,
         )
 
-    async def reset(request: Request) -> Response:
+    async def reset(self, request: Request) -> Response:
         sid = request.path_params["sid"]
-        body = check_body(await _body(request, max_body), _RESET)
-        obs = await blocking(table.reset, sid, body["seed"], body.get("split", "train"))
-        return _encoded(table, sid, lambda: {"observation": observation_json(obs)})
+        body = check_body(await _body(request, self.max_body), _RESET)
+        obs = await self.blocking(self.table.reset, sid, body["seed"], body.get("split", "train"))
+        return _encoded(self.table, sid, lambda: {"observation": observation_json(obs)})
 
-    async def step(request: Request) -> Response:
+    async def step(self, request: Request) -> Response:
         sid = request.path_params["sid"]
-        body = check_body(await _body(request, max_body), _STEP)
-        res = await blocking(table.step, sid, body["action"])
-        return _encoded(table, sid, lambda: step_result_json(res))
+        body = check_body(await _body(request, self.max_body), _STEP)
+        res = await self.blocking(self.table.step, sid, body["action"])
+        return _encoded(self.table, sid, lambda: step_result_json(res))
 
-    async def expert(request: Request) -> Response:
-        action = await blocking(table.expert, request.path_params["sid"])
+    async def expert(self, request: Request) -> Response:
+        action = await self.blocking(self.table.expert, request.path_params["sid"])
         return _json({"action": action})
 
-    async def close(request: Request) -> Response:
+    async def close(self, request: Request) -> Response:
         sid = request.path_params["sid"]
-        await blocking(table.close, sid)
+        await self.blocking(self.table.close, sid)
         return _json({"closed": sid})
 
-    async def http_error(request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, HTTPException)
-        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-        message = f"{request.method} {request.url.path}: {exc.detail}"
-        return _error(exc.status_code, code, message)
 
-    async def internal(request: Request, exc: Exception) -> Response:
-        return _error(500, "internal", f"{type(exc).__name__}: {exc}")
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+    message = f"{request.method} {request.url.path}: {exc.detail}"
+    return _error(exc.status_code, code, message)
 
-    @contextlib.asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        reaper = asyncio.create_task(_reap(table, blocking, reap_every))
-        try:
-            yield
-        finally:
-            reaper.cancel()
-            await blocking(table.shutdown)
-            threads.shutdown(wait=False)
 
-    routes = [
-        Route("/health", endpoint(health, open_=True), methods=["GET"]),
-        Route("/v1/spec", endpoint(spec), methods=["GET"]),
-        Route("/v1/sessions", endpoint(open_session), methods=["POST"]),
-        Route("/v1/sessions/{sid}/reset", endpoint(reset), methods=["POST"]),
-        Route("/v1/sessions/{sid}/step", endpoint(step), methods=["POST"]),
-        Route("/v1/sessions/{sid}/expert", endpoint(expert), methods=["GET"]),
-        Route("/v1/sessions/{sid}", endpoint(close), methods=["DELETE"]),
-    ]
-    return Starlette(
-        routes=routes,
-        exception_handlers={HTTPException: http_error, Exception: internal},
-        lifespan=lifespan,
-    )
+async def _internal(request: Request, exc: Exception) -> Response:
+    return _error(500, "internal", f"{type(exc).__name__}: {exc}")
 
 
 def _same_options(given: Mapping[str, Any], served: Mapping[str, Any]) -> None:

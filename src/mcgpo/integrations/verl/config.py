@@ -197,39 +197,69 @@ def check_verl_config(verl_config: Any, run: RunConfig) -> None:
     micro-batch: verl's actor must not shuffle (``actor.shuffle``) and fixed micro-batches
     (``use_dynamic_bsz: false``) must hold an even number of rows.
     """
-    checks = [
+    _refuse_first(
+        _advantage_checks(verl_config, run)
+        + _rollout_correction_checks(verl_config)
+        + _reward_and_loss_checks(verl_config)
+    )
+    rollout_correction(verl_config)  # its own one-line refusals
+    if ALGORITHMS[run.algo.name].pairs and float(getattr(run.algo, "lambda_pair", 0.0)) > 0:
+        _check_pairs_stay_whole(verl_config)
+
+
+_Check = tuple[str, bool, str]  # (the verl key, whether it is refused, why)
+
+
+def _refuse_first(checks: list[_Check]) -> None:
+    for key, bad, why in checks:
+        if bad:
+            raise _refuse(key, why)
+
+
+def _advantage_checks(verl_config: Any, run: RunConfig) -> list[_Check]:
+    """verl's critic, KL-in-reward penalty and advantage estimators, which mcgpo replaces."""
+    estimator = str(_get(verl_config, "algorithm.adv_estimator", "gae"))
+    return [
         ("critic.enable", _get(verl_config, "critic.enable") is True,
          "mcgpo's estimators give the advantages; verl's critic would be trained for nothing"),
         ("algorithm.adv_estimator", _get(verl_config, "critic.enable") is None
-         and str(_get(verl_config, "algorithm.adv_estimator", "gae")) == "gae",
+         and estimator == "gae",
          "'gae' makes verl build a critic (need_critic); set grpo (the plugin replaces the "
          "advantages anyway)"),
         ("algorithm.use_kl_in_reward", bool(_get(verl_config, "algorithm.use_kl_in_reward")),
          "the KL penalty in the reward is never applied; use actor.use_kl_loss"),
-        ("algorithm.adv_estimator",
-         str(_get(verl_config, "algorithm.adv_estimator", "gae")) not in ("gae", "grpo",
-                                                                           run.algo.name),
+        ("algorithm.adv_estimator", estimator not in ("gae", "grpo", run.algo.name),
          f"{_get(verl_config, 'algorithm.adv_estimator')!r} would never run: the advantages "
          f"are mcgpo.algo.name's ({run.algo.name!r}); name the estimator there (e.g. "
          "mcgpo.algo.name: rloo) and keep adv_estimator: grpo"),
-        ("algorithm.rollout_correction.rollout_rs",
-         _get(verl_config, "algorithm.rollout_correction.rollout_rs") is not None,
+    ]  # fmt: skip
+
+
+def _rollout_correction_checks(verl_config: Any) -> list[_Check]:
+    """The parts of verl's rollout correction mcgpo has no counterpart for."""
+    block = "algorithm.rollout_correction"
+    weighted = _get(verl_config, f"{block}.rollout_is") is not None
+    return [
+        (f"{block}.rollout_rs", _get(verl_config, f"{block}.rollout_rs") is not None,
          "rejection sampling edits response_mask after mcgpo's advantages and pairs are "
          "built (a rejected row would stay paired); use rollout_is (TIS, or IcePop bounds "
          "'1/U_U')"),
-        ("algorithm.rollout_correction.bypass_mode",
-         bool(_get(verl_config, "algorithm.rollout_correction.bypass_mode")),
+        (f"{block}.bypass_mode", bool(_get(verl_config, f"{block}.bypass_mode")),
          "bypass mode replaces the old log-probs mcgpo's ratio uses"),
-        ("algorithm.rollout_correction.rollout_is_batch_normalize",
-         _get(verl_config, "algorithm.rollout_correction.rollout_is") is not None
-         and bool(_get(verl_config, "algorithm.rollout_correction.rollout_is_batch_normalize")),
+        (f"{block}.rollout_is_batch_normalize",
+         weighted and bool(_get(verl_config, f"{block}.rollout_is_batch_normalize")),
          "rescaling the weights to batch mean 1 has no counterpart in "
          "mcgpo.objectives.rollout_correction_weights"),
         ("actor_rollout_ref.rollout.calculate_log_probs",
-         _get(verl_config, "algorithm.rollout_correction.rollout_is") is not None
-         and not bool(_get(verl_config, "actor_rollout_ref.rollout.calculate_log_probs")),
-         "false records no rollout log-probs (rollout_log_probs), which "
-         "algorithm.rollout_correction.rollout_is needs; set it to true"),
+         weighted and not bool(_get(verl_config, "actor_rollout_ref.rollout.calculate_log_probs")),
+         f"false records no rollout log-probs (rollout_log_probs), which {block}.rollout_is "
+         "needs; set it to true"),
+    ]  # fmt: skip
+
+
+def _reward_and_loss_checks(verl_config: Any) -> list[_Check]:
+    """verl's group filters, reward model or function, and distillation loss."""
+    return [
         ("algorithm.filter_groups.enable", bool(_get(verl_config, "algorithm.filter_groups.enable")),
          "group filtering drops rows after the credit is computed"),
         ("reward_model.enable", bool(_get(verl_config, "reward_model.enable"))
@@ -241,13 +271,11 @@ def check_verl_config(verl_config: Any, run: RunConfig) -> None:
         ("distillation.enabled", bool(_get(verl_config, "distillation.enabled")),
          "the distillation loss is not part of mcgpo's loss"),
     ]  # fmt: skip
-    for key, bad, why in checks:
-        if bad:
-            raise _refuse(key, why)
-    rollout_correction(verl_config)  # its own one-line refusals
-    pairs = ALGORITHMS[run.algo.name].pairs and float(getattr(run.algo, "lambda_pair", 0.0)) > 0
-    if not pairs:
-        return
+
+
+def _check_pairs_stay_whole(verl_config: Any) -> None:
+    """With the pair loss on: no shuffling, and mini- and fixed micro-batches that hold
+    whole preference pairs on every data-parallel rank."""
     actor = "actor_rollout_ref.actor"
     if bool(_get(verl_config, f"{actor}.shuffle")):
         raise ConfigError(

@@ -167,35 +167,17 @@ def update_policy(
     grads = GradProbe(params) if cfg.pair_probe else None  # first step's two gradients
     totals = _Averages()
     steps = skipped = used = 0
-    scale = world.size  # DDP and FSDP2 average gradients over the ranks; the loss is a global sum
     for epoch in range(cfg.ppo_epochs):
-        for k, micros in enumerate(layout.steps):
-            mini_rows, mini_tokens = layout.rows[k], layout.tokens[k]
-            optimizer.zero_grad(set_to_none=True)
-            for i, rows in enumerate(micros):
-                with gradient_sync(model, last=i == len(micros) - 1):
-                    if len(rows) == 0:  # FSDP2 padding: a pass to match the other ranks'
-                        zero_backward(model, device)
-                        continue
-                    stats = _micro_step(
-                        model, ref_model, batch.select(rows).to(device), advantages[rows], rows,
-                        pairs, cfg, lambda_pair,
-                        token_share=scale * _share(batch, rows, mini_tokens),
-                        row_share=scale * len(rows) / mini_rows,
-                        probe=probe if epoch == k == 0 else None,
-                        grads=grads if epoch == k == 0 else None,
-                    )  # fmt: skip
-                used += int(stats.pop("pairs/used")[0])
-                totals.add_all(stats)
-            if not micros:  # no rows of this step here: join its gradient all-reduce
-                zero_backward(model, device)
-            norm = clip_gradients(params, cfg.grad_clip)
-            totals.add("update/grad_norm", float(norm))
-            if torch.isfinite(norm):
-                optimizer.step()
-                steps += 1
-            else:
-                skipped += 1
+        for k, step_micros in enumerate(layout.steps):
+            first = epoch == k == 0  # theta = theta_old: the probes read this step
+            stepped, step_used = _optimizer_step(
+                model, ref_model, optimizer, params, batch, advantages, pairs, cfg, lambda_pair,
+                step_micros, layout.rows[k], layout.tokens[k], world, totals,
+                probe=probe if first else None, grads=grads if first else None,
+            )  # fmt: skip
+            used += step_used
+            steps += stepped
+            skipped += not stepped
     optimizer.zero_grad(set_to_none=True)
     out = totals.means()
     counts = _counts(batch, layout, given, steps, skipped, used / cfg.ppo_epochs)
@@ -206,6 +188,56 @@ def update_policy(
         **out, **counts, **old_stats, **at_old_stats(probe), **probed, **compiled,
         **memory.stop(),
     }  # fmt: skip
+
+
+def _optimizer_step(
+    model: Any,
+    ref_model: Any,
+    optimizer: torch.optim.Optimizer,
+    params: list[torch.nn.Parameter],
+    batch: TokenBatch,
+    advantages: np.ndarray,
+    pairs: PairBatch,
+    cfg: TrainConfig,
+    lambda_pair: float,
+    micros: list[np.ndarray],
+    mini_rows: int,
+    mini_tokens: int,
+    world: World,
+    totals: _Averages,
+    *,
+    probe: list[tuple[np.ndarray, float]] | None,
+    grads: GradProbe | None,
+) -> tuple[bool, int]:
+    """One optimiser step: the gradients of this rank's ``micros`` of the step accumulate,
+    then clipping and AdamW. Returns (stepped: False when the gradient norm is not finite,
+    pairs used); statistics go to ``totals``."""
+    device = next(model.parameters()).device
+    scale = world.size  # DDP and FSDP2 average gradients over the ranks; the loss is a global sum
+    used = 0
+    optimizer.zero_grad(set_to_none=True)
+    for i, rows in enumerate(micros):
+        with gradient_sync(model, last=i == len(micros) - 1):
+            if len(rows) == 0:  # FSDP2 padding: a pass to match the other ranks'
+                zero_backward(model, device)
+                continue
+            stats = _micro_step(
+                model, ref_model, batch.select(rows).to(device), advantages[rows], rows, pairs,
+                cfg, lambda_pair,
+                token_share=scale * _share(batch, rows, mini_tokens),
+                row_share=scale * len(rows) / mini_rows,
+                probe=probe, grads=grads,
+            )  # fmt: skip
+        used += int(stats.pop("pairs/used")[0])
+        totals.add_all(stats)
+    if not micros:  # no rows of this step here: join its gradient all-reduce
+        zero_backward(model, device)
+    norm = clip_gradients(params, cfg.grad_clip)
+    totals.add("update/grad_norm", float(norm))
+    if not torch.isfinite(norm):
+        return False, used
+    optimizer.step()
+    return True, used
 
 
 def _check_inputs(

@@ -120,6 +120,57 @@ def summarise(lines: list[dict], sizes: list[int]) -> list[dict]:
     return rows
 
 
+def per_episode_seconds(lines: list[dict]) -> float:
+    """The median over (model, stream) evaluations of seconds per episode: robust to the
+    evaluations that ran while the machine was busier."""
+    return float(np.median([line["seconds"] / len(line["success"]) for line in lines]))
+
+
+def size_rule(
+    rows: list[dict], paired_sd: float, train_seconds: float, episode_seconds: float
+) -> tuple[list[dict], int]:
+    """docs/results/mcgpo-powered.md step 2's rule: per size n, V(n) = V_rest + (3/8)
+    sigma_eval(n)^2 (sigma^2 the mean over the models of their SD over streams, squared),
+    V_rest = max(0, paired_sd^2 - (3/8) sigma_eval(n0)^2) at the smallest size n0 (the one
+    ``paired_sd`` was observed at), C(n) = 2 (R + 4 n t_ep); the chosen n minimises V C,
+    a smaller n within 5 % of the minimum winning. Returns the rows and the chosen n."""
+    sizes = sorted({r["tasks"] for r in rows})
+    var = {n: float(np.mean([r["sd"] ** 2 for r in rows if r["tasks"] == n])) for n in sizes}
+    rest = max(0.0, paired_sd**2 - 3 / 8 * var[sizes[0]])
+    out = []
+    for n in sizes:
+        v = rest + 3 / 8 * var[n]
+        c = 2 * (train_seconds + 4 * n * episode_seconds)
+        out.append({"tasks": n, "sigma_eval": var[n] ** 0.5, "V": v, "C": c, "VC": v * c})
+    best = min(r["VC"] for r in out)
+    chosen = min(r["tasks"] for r in out if r["VC"] <= 1.05 * best)
+    return out, chosen
+
+
+def render_rule(
+    rule: list[dict], chosen: int, paired_sd: float, train_s: float, ep_s: float
+) -> str:
+    lines = [
+        "",
+        "## Step 2's rule (docs/results/mcgpo-powered.md)",
+        "",
+        f"Inputs: SD of the paired integrated difference at the smallest size {paired_sd} "
+        f"points; training seconds per run R = {train_s:.1f}; seconds per evaluation episode "
+        f"t_ep = {ep_s:.4f} (median over the evaluations above).",
+        "",
+        "| tasks | sigma_eval (pp) | V(n) (pp^2) | C(n) (s per seed, both arms) | V C | relative |",
+        "|---|---|---|---|---|---|",
+    ]
+    best = min(r["VC"] for r in rule)
+    for r in rule:
+        lines.append(
+            f"| {r['tasks']} | {r['sigma_eval']:.2f} | {r['V']:.2f} | {r['C']:.0f} | "
+            f"{r['VC']:.0f} | {r['VC'] / best:.3f} |"
+        )
+    lines += ["", f"**Chosen evaluation size: {chosen} tasks.**", ""]
+    return "\n".join(lines)
+
+
 def render(rows: list[dict], header: list[str]) -> str:
     lines = [*header, ""]
     lines.append(
@@ -152,6 +203,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--max-turns", type=int, default=0, help="0 = the preset's turn limit")
     p.add_argument("--out", type=Path, required=True)
+    p.add_argument(
+        "--paired-sd",
+        type=float,
+        default=0.0,
+        help="with --train-seconds: apply step 2's rule (SD of the paired integrated "
+        "difference observed at the smallest size, points)",
+    )
+    p.add_argument("--train-seconds", type=float, default=0.0, help="R of step 2's rule")
     args = p.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",")]
     if max(sizes) > args.tasks:
@@ -202,7 +261,12 @@ def main(argv: list[str] | None = None) -> int:
         f"Command: `python benchmarks/eval_noise.py {' '.join(argv if argv is not None else sys.argv[1:])}`",
         f"Machine: {platform.machine()} {os.cpu_count()} cores; date: {time.strftime('%Y-%m-%d')}.",
     ]
-    text = render(summarise(lines, sizes), header)
+    rows = summarise(lines, sizes)
+    text = render(rows, header)
+    if args.paired_sd > 0 and args.train_seconds > 0:
+        ep = per_episode_seconds(lines)
+        rule, chosen = size_rule(rows, args.paired_sd, args.train_seconds, ep)
+        text += render_rule(rule, chosen, args.paired_sd, args.train_seconds, ep)
     atomic_write_text(args.out / "table.md", text)
     print(text)
     return 0

@@ -70,6 +70,29 @@ def test_summary_golden():
     assert two["streams"] == 3
 
 
+def test_size_rule_golden():
+    # sigma_eval: size 64 -> SDs 6 and 8 (var 50), 256 -> SDs 3 and 4 (var 12.5)
+    # V_rest = max(0, 4^2 - 3/8 * 50) = max(0, 16 - 18.75) = 0
+    # V(64) = 0 + 3/8 * 50 = 18.75, V(256) = 3/8 * 12.5 = 4.6875
+    # C(64) = 2 (100 + 4 * 64 * 0.5) = 456, C(256) = 2 (100 + 512) = 1224
+    # V C: 8550 and 5737.5 -> 256 (5737.5 / 8550 = 0.671)
+    rows = [
+        {"tasks": 64, "sd": 6.0}, {"tasks": 64, "sd": 8.0},
+        {"tasks": 256, "sd": 3.0}, {"tasks": 256, "sd": 4.0},
+    ]  # fmt: skip
+    rule, chosen = noise.size_rule(rows, 4.0, 100.0, 0.5)
+    assert [r["V"] for r in rule] == pytest.approx([18.75, 4.6875])
+    assert [r["C"] for r in rule] == pytest.approx([456.0, 1224.0])
+    assert chosen == 256
+    # a large rest variance makes evaluation noise matter less: V_rest = 100 - 18.75 = 81.25,
+    # V C = 100 * 456 = 45600 and (81.25 + 4.6875) * 1224 = 105187.5 -> 64
+    assert noise.size_rule(rows, 10.0, 100.0, 0.5)[1] == 64
+    # within 5 % of the minimum the smaller size wins: 256's V C is 0.96 of 64's when
+    # 4.6875 (100 + 1024 t) = 0.96 * 18.75 (100 + 256 t), i.e. 192 t = 1331.25, t = 6.93359375
+    near, chosen = noise.size_rule(rows, 4.0, 100.0, 6.93359375)
+    assert near[1]["VC"] / near[0]["VC"] == pytest.approx(0.96) and chosen == 64
+
+
 def test_the_benchmark_resumes_from_its_lines(micro_model, tmp_path, capsys):
     argv = [
         "--preset", "household-smoke", "--model", f"m={micro_model}", "--streams", "2",

@@ -17,9 +17,9 @@ import math
 import numpy as np
 import pytest
 import torch
+from test_update import make_batch
 
 from mcgpo.cli import main
-from mcgpo.policy import token_log_probs
 from mcgpo.policy.precision import cast_weights, compute
 from mcgpo.policy.tiny import tiny_model, train_tokenizer
 from mcgpo.rollout.sampler import sample
@@ -121,16 +121,8 @@ def policy():
 def batch_with_mismatch(model, shift: list[float]) -> TokenBatch:
     """Four rows of random tokens; pi_old = the model; the sampler's log-probs are pi_old's
     minus ``shift[i]`` on each response token of row i (sequence ratio exp(n_i shift_i))."""
-    gen = torch.Generator().manual_seed(0)
-    vocab = model.config.vocab_size
-    lengths = [(4, 2), (3, 3), (5, 1), (2, 2)]
-    prompts = [torch.randint(3, vocab, (p,), generator=gen).tolist() for p, _ in lengths]
-    responses = [torch.randint(3, vocab, (r,), generator=gen).tolist() for _, r in lengths]
-    zeros = [[0.0] * len(r) for r in responses]
-    batch = TokenBatch.from_sequences(prompts, responses, zeros, pad_token_id=0)
-    with torch.no_grad():
-        old = token_log_probs(model, batch.input_ids, batch.attention_mask)
-    old = torch.where(batch.response_mask, old, torch.zeros_like(old))
+    batch = make_batch(model, [(4, 2), (3, 3), (5, 1), (2, 2)])
+    old = batch.old_log_probs
     mask = batch.response_mask.float()
     behaviour = old - torch.tensor(shift)[:, None] * mask
     return dataclasses.replace(batch, old_log_probs=old, behaviour_log_probs=behaviour)

@@ -277,23 +277,11 @@ TYPES = (
 )
 
 
-def _cache_dir(games_root) -> Path:
-    """A cache folder holding the session's games (root/<GENERATOR_VERSION>/json_2.1.1/...)."""
-    from mcgpo.envs.alfworld.problem import GENERATOR_VERSION
-
-    cache = games_root.parent / f"cache-{games_root.name}"
-    link = cache / GENERATOR_VERSION
-    if not link.exists():
-        cache.mkdir(exist_ok=True)
-        link.symlink_to(games_root)
-    return cache
-
-
-def _generated_env(games_root):
-    """An env whose cache is the session's games."""
+def _generated_env(cache: Path):
+    """An env whose cache is the session's games (the ``alfworld_cache`` fixture)."""
     from mcgpo.envs import make_env
 
-    return make_env("alfworld", source="generated", cache_dir=_cache_dir(games_root))
+    return make_env("alfworld", source="generated", cache_dir=cache)
 
 
 @pytest.mark.alfworld
@@ -316,8 +304,8 @@ def test_generated_games_are_gated_and_deterministic(games_root):
 
 @pytest.mark.alfworld
 @engine_test
-def test_expert_wins_all_six_task_types(games_root):
-    env = _generated_env(games_root)
+def test_expert_wins_all_six_task_types(alfworld_cache):
+    env = _generated_env(alfworld_cache)
     argv = list(sys.argv)
     for seed, task_type in enumerate(TYPES):
         obs = env.reset(seed=seed, split="train")
@@ -345,8 +333,8 @@ def test_expert_wins_all_six_task_types(games_root):
 
 @pytest.mark.alfworld
 @engine_test
-def test_invalid_command_and_replanning_expert(games_root):
-    env = _generated_env(games_root)
+def test_invalid_command_and_replanning_expert(alfworld_cache):
+    env = _generated_env(alfworld_cache)
     obs = env.reset(seed=0, split="train")
     res = env.step("dance with the fridge")
     assert res.observation.text == "Nothing happens." and not res.info["action_valid"]
@@ -370,8 +358,8 @@ def test_invalid_command_and_replanning_expert(games_root):
 
 @pytest.mark.alfworld
 @engine_test
-def test_context_keys_on_a_played_heat_game(games_root):
-    env = _generated_env(games_root)
+def test_context_keys_on_a_played_heat_game(alfworld_cache):
+    env = _generated_env(alfworld_cache)
     obs = env.reset(seed=3, split="train")  # pick_heat_then_place_in_recep
     task = env.task
     assert obs.context.state == "loc=middle;hold=nothing;open=;on=;moved="
@@ -453,7 +441,7 @@ def test_solvability_gate_rejects_unsolvable_crashing_and_slow_games(games_root,
 @pytest.mark.alfworld
 @pytest.mark.slow
 @engine_test
-def test_cli_warm_starts_trains_and_evaluates_on_alfworld(games_root, tmp_path):
+def test_cli_warm_starts_trains_and_evaluates_on_alfworld(alfworld_cache, tmp_path):
     """`mcgpo sft`, `train` and `eval` by name on generated games (smoke sizes).
 
     The tokenizer corpus and the demonstrations use training seeds 0-5 (the session's cached
@@ -461,7 +449,7 @@ def test_cli_warm_starts_trains_and_evaluates_on_alfworld(games_root, tmp_path):
     """
     from mcgpo.cli import main
 
-    cache = str(_cache_dir(games_root))
+    cache = str(alfworld_cache)
     common = ["--preset", "household-smoke", "--env.name", "alfworld", "--env.cache_dir", cache]
     sft, run = tmp_path / "sft", tmp_path / "train"
     assert main(["sft", *common, "--corpus-episodes", "6", "--out", str(sft)]) == 0

@@ -6,7 +6,9 @@ tensors). bf16-mixed (fp32 weights, gradients and AdamW moments: 16 bytes per pa
 an fp32 reference policy for the KL term, a micro-batch of ``--micro-rows`` rows of
 ``--row-tokens`` tokens, the LM head in ``--logits-chunk`` positions, and a rollout of
 ``--sequences`` rows of ``--row-tokens`` tokens in the KV cache. FSDP2 over n GPUs divides
-the weights, gradients, moments and reference by n; activations stay per GPU.
+the trained weights, gradients and moments by n; every GPU still holds the policy's full fp32
+replica (the one mcgpo samples from and saves) and the whole fp32 reference; activations
+stay per GPU.
 
 A second table gives a colocated vLLM engine's share (``rollout.engine vllm``:
 mcgpo.policy.memory.engine_memory, bf16 weights, the KV cache of the same rollout at full
@@ -46,7 +48,8 @@ def rows(args: argparse.Namespace) -> list[list[str]]:
                 fits = ["yes" if peak <= size * 0.95 else "no" for size in GPUS.values()]
                 out.append([
                     name, f"{p.params_b:.2f}", "1" if gpus == 1 else f"FSDP2 x{gpus}",
-                    "on" if ckpt else "off", f"{p.states_gb:.1f}", f"{p.ref_gb:.1f}",
+                    "on" if ckpt else "off", f"{p.states_gb:.1f}", f"{p.replica_gb:.1f}",
+                    f"{p.ref_gb:.1f}",
                     f"{p.activations_gb:.1f}", f"{p.head_gb:.1f}", f"{p.update_gb:.1f}",
                     f"{p.rollout_gb:.1f}", *fits,
                 ])  # fmt: skip
@@ -61,7 +64,8 @@ def main() -> None:
     parser.add_argument("--logits-chunk", type=int, default=512)
     parser.add_argument("--sequences", type=int, default=128)
     args = parser.parse_args()
-    head = ["model", "params B", "GPUs", "ckpt", "states", "ref", "activations", "LM head",
+    head = ["model", "params B", "GPUs", "ckpt", "states", "replica", "ref", "activations",
+            "LM head",
             "update", "rollout", *(f"fits {k}" for k in GPUS)]  # fmt: skip
     print(
         f"GB per GPU, computed (bf16-mixed, micro-batch {args.micro_rows} x {args.row_tokens} "

@@ -156,15 +156,19 @@ class MemoryPlan:
 
     params_b: float  # parameters, billions
     states_gb: float  # weights + gradients + AdamW moments (sharded over the GPUs)
-    ref_gb: float  # frozen reference policy for the KL term (sharded likewise)
+    ref_gb: float  # frozen fp32 reference policy for the KL term (whole on every GPU)
     activations_gb: float  # one micro-batch's saved activations
     head_gb: float  # LM head of one micro-batch
-    update_gb: float  # states + ref + activations + head
-    rollout_gb: float  # full weights + bf16 autocast copy + AdamW moments + ref + KV cache
+    update_gb: float  # states + replica + ref + activations + head
+    rollout_gb: float  # full weights + bf16 autocast copy + sharded states + ref + KV cache
     # rollout.engine vllm: the engine's own share (engine_memory, bf16, every sequence at
     # row_tokens), and what the trainer keeps while it samples (weights + moments + ref)
     engine: EngineMemory | None = None
     resident_gb: float = 0.0
+    # FSDP2 (gpus > 1): the full fp32 replica every rank keeps for sampling and saving
+    # (training/learner.py: it follows the sharded steps); 0 on one GPU, where the
+    # trained module is the replica
+    replica_gb: float = 0.0
 
     @property
     def vllm_gb(self) -> float:
@@ -196,25 +200,31 @@ def plan(
     sequences: int = 128,
     kl: bool = True,
 ) -> MemoryPlan:
-    """The bf16-mixed memory of one GPU of ``gpus`` (FSDP2 shards states and reference).
+    """The bf16-mixed memory of one GPU of ``gpus`` (FSDP2 shards the trained states).
 
-    States: 4 (fp32 weights) + 4 (gradients) + 8 (AdamW m, v) bytes per parameter, divided
-    by ``gpus``; the reference is an fp32 copy (4 bytes). Rollout: the sampler needs the
-    whole fp32 weights on each GPU (gathered under FSDP2) plus autocast's cached bf16 copy
-    (2 bytes per parameter), the sharded AdamW moments (gradients are freed), and the KV
-    cache of ``sequences`` rows of ``row_tokens`` tokens in bf16. With a colocated vLLM
-    engine instead of the HF sampler: ``engine`` (:func:`engine_memory` for the same
-    sequences, bf16) beside what the trainer keeps while it samples, ``resident_gb``
-    (fp32 weights, the sharded moments and reference).
+    What mcgpo's trainer holds (training/setup.py, training/learner.py). States: 4 (fp32
+    weights) + 4 (gradients) + 8 (AdamW m, v) bytes per parameter, divided by ``gpus``.
+    Under FSDP2 (``gpus`` > 1) every rank also keeps the policy's full fp32 replica (4
+    bytes per parameter) that follows the sharded steps, for sampling and saving. The
+    reference is a whole fp32 copy on every GPU (4 bytes; it is not sharded). Rollout: the
+    sampler runs on the whole fp32 weights (the replica, or on one GPU the trained module
+    itself) plus autocast's cached bf16 copy (2 bytes per parameter), beside the sharded
+    weights and AdamW moments (gradients are freed), the reference and the KV cache of
+    ``sequences`` rows of ``row_tokens`` tokens in bf16. With a colocated vLLM engine
+    instead of the HF sampler: ``engine`` (:func:`engine_memory` for the same sequences,
+    bf16) beside what the trainer keeps while it samples, ``resident_gb`` (the fp32
+    weights, the sharded weights and moments, the reference).
     """
     n = parameter_count(config)
     states = 16 * n / gpus
-    ref = 4 * n / gpus if kl else 0.0
+    replica = 4 * n if gpus > 1 else 0.0
+    ref = 4 * n if kl else 0.0
+    shard = 4 * n / gpus if gpus > 1 else 0.0  # the learner's own weights beside the replica
     tokens = micro_rows * row_tokens
     acts = tokens * activation_bytes_per_token(config, checkpointing=checkpointing)
     head = head_bytes(config, micro_rows, min(response_tokens, row_tokens), logits_chunk)
     kv = sequences * row_tokens * kv_cache_bytes_per_token(config)
-    rollout = 6 * n + 8 * n / gpus + ref + kv
+    resident = 4 * n + shard + 8 * n / gpus + ref
     engine = engine_memory(config, rows=sequences, context_tokens=row_tokens)
     return MemoryPlan(
         params_b=n / 1e9,
@@ -222,8 +232,9 @@ def plan(
         ref_gb=ref / GB,
         activations_gb=acts / GB,
         head_gb=head / GB,
-        update_gb=(states + ref + acts + head) / GB,
-        rollout_gb=rollout / GB,
+        update_gb=(states + replica + ref + acts + head) / GB,
+        rollout_gb=(resident + 2 * n + kv) / GB,
         engine=engine,
-        resident_gb=(4 * n + 8 * n / gpus + ref) / GB,
+        resident_gb=resident / GB,
+        replica_gb=replica / GB,
     )

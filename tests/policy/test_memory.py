@@ -45,26 +45,26 @@ def test_sizes_by_hand_for_qwen25_1_5b():
 
 
 def test_fsdp_shards_the_states_and_not_the_activations():
-    """FSDP2 shards the trained states only: every rank keeps the whole fp32 replica that
-    follows the sharded steps (training/learner.py) and the whole fp32 reference
-    (training/setup.py deep-copies the replica), so at 4 GPUs the update holds
-    16n/4 + 4n + 4n bytes of weights and states, not (16n + 4n)/4."""
+    """FSDP2 shards the trained states and the reference (training/learner.py's
+    distributed_reference), but every rank keeps the whole fp32 replica that follows the
+    sharded steps, so at 4 GPUs the update holds 16n/4 + 4n + 4n/4 bytes of weights and
+    states, not (16n + 4n)/4."""
     config = shaped_config("qwen2.5-7b")
     one, four = plan(config, gpus=1), plan(config, gpus=4)
     n = parameter_count(config)
     assert four.states_gb == pytest.approx(one.states_gb / 4)
-    assert four.ref_gb == one.ref_gb == pytest.approx(4 * n / 1e9)
+    assert one.ref_gb == pytest.approx(4 * n / 1e9) and four.ref_gb == pytest.approx(n / 1e9)
     assert one.replica_gb == 0.0 and four.replica_gb == pytest.approx(4 * n / 1e9)
     assert four.activations_gb == one.activations_gb and four.head_gb == one.head_gb
     assert one.states_gb == pytest.approx(16 * n / 1e9)
     extra = four.activations_gb + four.head_gb
     assert one.update_gb == pytest.approx((16 * n + 4 * n) / 1e9 + extra)
-    assert four.update_gb == pytest.approx((16 * n / 4 + 4 * n + 4 * n) / 1e9 + extra)
+    assert four.update_gb == pytest.approx((16 * n / 4 + 4 * n + 4 * n / 4) / 1e9 + extra)
     # the rollout: fp32 weights + bf16 copy (6n), the learner's weight shard (4n/4 at 4
-    # GPUs, none on one), the moments (8n/gpus), the reference (4n); KV cache aside
+    # GPUs, none on one), the moments (8n/gpus), the reference (4n/gpus); KV cache aside
     kv = one.rollout_gb - (6 * n + 8 * n + 4 * n) / 1e9
     assert kv > 0
-    assert four.rollout_gb == pytest.approx((6 * n + 4 * n / 4 + 8 * n / 4 + 4 * n) / 1e9 + kv)
+    assert four.rollout_gb == pytest.approx((6 * n + 4 * n / 4 + 8 * n / 4 + n) / 1e9 + kv)
     assert plan(config, gpus=4, kl=False).ref_gb == 0.0
     no_ckpt = plan(config, checkpointing=False)
     assert no_ckpt.activations_gb > 5 * one.activations_gb
@@ -131,7 +131,7 @@ def _per_layer_token(name: str, precision: str, small: dict, *, checkpointing: b
 def test_plan_carries_the_vllm_engines_share_and_peaks():
     """The engine's share is engine_memory of the same rollout; the trainer keeps its fp32
     replica (4n), the learner's weight shard (4n / gpus), the sharded moments (8n / gpus)
-    and the whole reference (4n) while vLLM samples; asleep (level 2) the engine keeps only
+    and the sharded reference (4n / gpus) while vLLM samples; asleep (level 2) the engine keeps only
     its overhead through the update."""
     from mcgpo.policy.memory import GB, engine_memory
 
@@ -139,7 +139,7 @@ def test_plan_carries_the_vllm_engines_share_and_peaks():
     n = parameter_count(config)
     p = plan(config, gpus=4, sequences=64, row_tokens=1024)
     assert p.engine == engine_memory(config, rows=64, context_tokens=1024)
-    assert p.resident_gb == pytest.approx((4 * n + 4 * n / 4 + 8 * n / 4 + 4 * n) / GB)
+    assert p.resident_gb == pytest.approx((4 * n + 4 * n / 4 + 8 * n / 4 + 4 * n / 4) / GB)
     awake, asleep = p.vllm_peak_gb
     assert awake == pytest.approx(max(p.update_gb, p.resident_gb) + p.vllm_gb)
     overhead = p.engine.overhead_bytes / GB

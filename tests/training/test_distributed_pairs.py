@@ -83,7 +83,8 @@ import numpy as np
 import torch.distributed as dist
 from setup_problem import problem
 from mcgpo.training.distributed import (
-    current_world, distributed_learner, copy_full_weights, rank_block, leave_launched_process,
+    current_world, distributed_learner, distributed_reference, copy_full_weights, rank_block,
+    leave_launched_process, sharded,
 )
 from mcgpo.training.update import PairBatch, update_policy
 
@@ -97,6 +98,9 @@ rows = np.flatnonzero(np.isin(groups, mine))
 keep = np.isin(pairs.plus, rows) & np.isin(pairs.minus, rows)
 local = PairBatch(pairs.plus[keep] - rows[0], pairs.minus[keep] - rows[0], pairs.weight[keep])
 learner = distributed_learner(policy, sharding, world)
+full = sum(p.numel() for p in ref.parameters())
+ref = distributed_reference(ref, sharding, world)  # FSDP2: sharded like the learner
+ref_local = sum(getattr(p, "_local_tensor", p).numel() for p in ref.parameters())
 optimizer = torch.optim.AdamW(learner.parameters(), lr=cfg.lr, weight_decay=0.0)
 stats = update_policy(
     learner, optimizer, batch.select(rows), advantages[rows], cfg, pairs=local,
@@ -108,7 +112,8 @@ if world.rank == 0:
     torch.save({k: v.clone() for k, v in policy.state_dict().items()}, out)
 # each rank writes its own file: two ranks' prints on one shared pipe can interleave
 with open(f"{out}.rank{world.rank}.json", "w") as f:
-    json.dump({"used": stats["pairs/used"], "split": stats["pairs/split_micro"]}, f)
+    json.dump({"used": stats["pairs/used"], "split": stats["pairs/split_micro"],
+               "ref_sharded": sharded(ref), "ref_share": ref_local / full}, f)
 # as mcgpo's own ranks end (distributed.joined_world, leave_launched_process): together,
 # and without the interpreter shutdown that races gloo's release of finished work (SIGABRT)
 dist.barrier()
@@ -184,6 +189,10 @@ def _two_ranks_as_one(micro_model, tmp_path, sharding, dtype, correction):
     assert stats["pairs/used"] == 4.0 and stats["pairs/split_micro"] == 0.0
     assert [u["used"] for u in used] == [2.0, 2.0]  # two pairs on each rank
     assert [u["split"] for u in used] == [0.0, 0.0]
+    # FSDP2 shards the KL reference too (each rank holds about half of it); DDP keeps it whole
+    for u in used:
+        assert u["ref_sharded"] == (sharding == "fsdp2")
+        assert (0.4 < u["ref_share"] < 0.6) if sharding == "fsdp2" else u["ref_share"] == 1.0
     two = torch.load(out)
     diff = max(float((two[k] - single[k]).abs().max()) for k in single)
     moved = max(float((single[k] - start[k]).abs().max()) for k in single)

@@ -156,7 +156,7 @@ class MemoryPlan:
 
     params_b: float  # parameters, billions
     states_gb: float  # weights + gradients + AdamW moments (sharded over the GPUs)
-    ref_gb: float  # frozen fp32 reference policy for the KL term (whole on every GPU)
+    ref_gb: float  # frozen fp32 reference policy for the KL term (sharded likewise)
     activations_gb: float  # one micro-batch's saved activations
     head_gb: float  # LM head of one micro-batch
     update_gb: float  # states + replica + ref + activations + head
@@ -200,13 +200,14 @@ def plan(
     sequences: int = 128,
     kl: bool = True,
 ) -> MemoryPlan:
-    """The bf16-mixed memory of one GPU of ``gpus`` (FSDP2 shards the trained states).
+    """The bf16-mixed memory of one GPU of ``gpus`` (FSDP2 shards states and reference).
 
     What mcgpo's trainer holds (training/setup.py, training/learner.py). States: 4 (fp32
     weights) + 4 (gradients) + 8 (AdamW m, v) bytes per parameter, divided by ``gpus``.
     Under FSDP2 (``gpus`` > 1) every rank also keeps the policy's full fp32 replica (4
     bytes per parameter) that follows the sharded steps, for sampling and saving. The
-    reference is a whole fp32 copy on every GPU (4 bytes; it is not sharded). Rollout: the
+    reference is an fp32 copy (4 bytes), sharded like the learner under FSDP2
+    (``training/learner.py``'s ``distributed_reference``). Rollout: the
     sampler runs on the whole fp32 weights (the replica, or on one GPU the trained module
     itself) plus autocast's cached bf16 copy (2 bytes per parameter), beside the sharded
     weights and AdamW moments (gradients are freed), the reference and the KV cache of
@@ -218,7 +219,7 @@ def plan(
     n = parameter_count(config)
     states = 16 * n / gpus
     replica = 4 * n if gpus > 1 else 0.0
-    ref = 4 * n if kl else 0.0
+    ref = 4 * n / gpus if kl else 0.0
     shard = 4 * n / gpus if gpus > 1 else 0.0  # the learner's own weights beside the replica
     tokens = micro_rows * row_tokens
     acts = tokens * activation_bytes_per_token(config, checkpointing=checkpointing)

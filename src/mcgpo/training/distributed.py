@@ -56,6 +56,7 @@ from mcgpo.training.config import ConfigError, RunConfig
 from mcgpo.training.learner import (
     copy_full_weights,
     distributed_learner,
+    distributed_reference,
     follow_learner,
     full_optimizer_state,
     gradient_sync,
@@ -78,6 +79,7 @@ __all__ = [
     "copy_full_weights",
     "current_world",
     "distributed_learner",
+    "distributed_reference",
     "exchange_objects",
     "follow_learner",
     "full_optimizer_state",

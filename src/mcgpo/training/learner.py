@@ -18,6 +18,7 @@ from mcgpo.training.world import World
 __all__ = [
     "copy_full_weights",
     "distributed_learner",
+    "distributed_reference",
     "follow_learner",
     "full_optimizer_state",
     "gradient_sync",
@@ -47,9 +48,10 @@ def distributed_learner(model: Any, sharding: str, world: World) -> Any:
     return DistributedDataParallel(wrapped, device_ids=device_ids, broadcast_buffers=False)
 
 
-def shard_policy(model: Any) -> Any:
-    """``PolicyForward`` around a copy of ``model``, with ``fully_shard`` on each transformer
-    block and on the wrapper (the root, whose forward also runs the chunked head).
+def shard_policy(model: Any, *, copy_model: bool = True) -> Any:
+    """``PolicyForward`` around a copy of ``model`` (``model`` itself, sharded in place, when
+    ``copy_model`` is false), with ``fully_shard`` on each transformer block and on the
+    wrapper (the root, whose forward also runs the chunked head).
 
     The blocks are the modules whose class is in the model's ``_no_split_modules`` (Hugging
     Face names its decoder layer there, e.g. ``Qwen2DecoderLayer``); the root unit holds the
@@ -59,7 +61,7 @@ def shard_policy(model: Any) -> Any:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    learner = PolicyForward(copy.deepcopy(model))
+    learner = PolicyForward(copy.deepcopy(model) if copy_model else model)
     device = next(learner.parameters()).device
     mesh = init_device_mesh(device.type, (torch.distributed.get_world_size(),))
     blocks = set(getattr(learner.policy, "_no_split_modules", None) or ())
@@ -68,6 +70,17 @@ def shard_policy(model: Any) -> Any:
             fully_shard(module, mesh=mesh)
     fully_shard(learner, mesh=mesh)
     return learner
+
+
+def distributed_reference(ref_model: Any, sharding: str, world: World) -> Any:
+    """The KL reference the update runs beside the learner: with ``"fsdp2"`` on W > 1
+    ranks sharded like it, in place (each rank keeps ``1/W`` of the frozen fp32 weights
+    instead of all of them; its forwards become collectives, which :func:`zero_backward`'s
+    padding passes join); otherwise ``ref_model`` unchanged (a whole copy per rank, as with
+    DDP). Sharded as soon as it is copied, so that setup never holds three full copies."""
+    if ref_model is None or world.size == 1 or sharding != "fsdp2":
+        return ref_model
+    return shard_policy(ref_model, copy_model=False).eval().requires_grad_(False)
 
 
 def sharded(model: Any) -> bool:
@@ -145,9 +158,15 @@ def gradient_sync(model: Any, *, last: bool) -> Any:
     return model.no_sync()
 
 
-def zero_backward(model: Any, device: torch.device) -> None:
+def zero_backward(model: Any, device: torch.device, ref_model: Any = None) -> None:
     """A backward with zero loss, so a rank with no rows in a step (or, FSDP2, fewer
-    micro-batches than another rank) joins the collectives of the others' passes."""
+    micro-batches than another rank) joins the collectives of the others' passes: the
+    learner's forward, then (a sharded reference, :func:`distributed_reference`) the
+    reference's forward, then the backward, in the order of a real micro-batch."""
     ids = torch.zeros((1, 1), dtype=torch.long, device=device)
-    out = model(input_ids=ids, attention_mask=torch.ones_like(ids))
+    mask = torch.ones_like(ids)
+    out = model(input_ids=ids, attention_mask=mask)
+    if ref_model is not None and sharded(ref_model):
+        with torch.no_grad():
+            ref_model(input_ids=ids, attention_mask=mask)
     (out.logits.float().sum() * 0.0).backward()

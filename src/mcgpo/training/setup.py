@@ -43,6 +43,7 @@ from mcgpo.training.distributed import (
     World,
     barrier,
     distributed_learner,
+    distributed_reference,
     follow_learner,
     load_optimizer_state,
 )
@@ -185,6 +186,7 @@ def setup_run(cfg: RunConfig, command: str = "", world: World = SINGLE) -> Run:
     ref_model = None
     if cfg.train.kl_coef > 0:  # the initial policy, also when resuming
         ref_model = copy.deepcopy(model).eval().requires_grad_(False)
+        ref_model = distributed_reference(ref_model, cfg.train.sharding, world)  # FSDP2
     updates_done, cursor = 0, cfg.seed * 1_000_000
     checkpoint = latest_checkpoint(setup.folder) if cfg.resume else None
     state = load_checkpoint(checkpoint) if checkpoint is not None else None

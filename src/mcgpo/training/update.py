@@ -219,7 +219,7 @@ def _optimizer_step(
     for i, rows in enumerate(micros):
         with gradient_sync(model, last=i == len(micros) - 1):
             if len(rows) == 0:  # FSDP2 padding: a pass to match the other ranks'
-                zero_backward(model, device)
+                zero_backward(model, device, ref_model if cfg.kl_coef > 0 else None)
                 continue
             stats = _micro_step(
                 model, ref_model, batch.select(rows).to(device), advantages[rows], rows, pairs,
@@ -231,7 +231,7 @@ def _optimizer_step(
         used += int(stats.pop("pairs/used")[0])
         totals.add_all(stats)
     if not micros:  # no rows of this step here: join its gradient all-reduce
-        zero_backward(model, device)
+        zero_backward(model, device, ref_model if cfg.kl_coef > 0 else None)
     norm = clip_gradients(params, cfg.grad_clip)
     totals.add("update/grad_norm", float(norm))
     if not torch.isfinite(norm):

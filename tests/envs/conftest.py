@@ -6,14 +6,7 @@ from pathlib import Path
 
 import pytest
 
-TYPES = (
-    "pick_and_place_simple",
-    "look_at_obj_in_light",
-    "pick_clean_then_place_in_recep",
-    "pick_heat_then_place_in_recep",
-    "pick_cool_then_place_in_recep",
-    "pick_two_obj_and_place",
-)
+from mcgpo.envs.alfworld_keys import TASK_TYPES
 
 
 @pytest.fixture(scope="session")
@@ -24,7 +17,7 @@ def games_root(tmp_path_factory) -> Path:
 
     root = tmp_path_factory.mktemp("alfworld-games")
     paths = generate_games(root, n_per_type=1, seed=0, split="train")
-    assert [p.parent.parent.name for p in paths] == list(TYPES)
+    assert [p.parent.parent.name for p in paths] == list(TASK_TYPES)
     return root
 
 

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from mcgpo.envs.alfworld import context as ctx
 from mcgpo.envs.alfworld.official import OfficialGames, has_games, task_of
+from mcgpo.envs.alfworld_keys import TASK_TYPES as TYPES
 
 HEAT = ctx.TaskSpec("pick_heat_then_place_in_recep", "mug", "diningtable")
 
@@ -266,14 +267,6 @@ def _engine_available() -> bool:
 engine_test = pytest.mark.skipif(
     not _engine_available(),
     reason="needs the alfworld extra: pip install 'mcgpo[alfworld]'",
-)
-TYPES = (
-    "pick_and_place_simple",
-    "look_at_obj_in_light",
-    "pick_clean_then_place_in_recep",
-    "pick_heat_then_place_in_recep",
-    "pick_cool_then_place_in_recep",
-    "pick_two_obj_and_place",
 )
 
 

@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mcgpo.objectives import (
+    correction_stats_from_sums,
     entropy_from_logits,
     kl_penalty,
     masked_mean,
@@ -19,6 +20,7 @@ from mcgpo.objectives import (
     plan_micro_batches,
     policy_loss,
     response_log_ratio,
+    rollout_correction_sums,
     rollout_correction_weights,
     task_loss,
 )
@@ -325,6 +327,55 @@ def test_rollout_correction_empty_mask_and_masked_positions():
     for level in ("token", "sequence"):
         w, stats = corr("tis", level, beh=beh)
         assert torch.isfinite(w).all() and all(math.isfinite(v) for v in stats.values())
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.integers(1, 6),
+    st.integers(1, 6),
+    st.integers(0, 2**31 - 1),
+    st.sampled_from(["none", "tis", "mis"]),
+    st.sampled_from(["token", "sequence"]),
+)
+def test_pooled_correction_sums_give_the_whole_batchs_stats(b, length, seed, mode, level):
+    """Rows split into two sets (two ranks): the sums of the two sets, added, give the
+    statistics the whole batch gives (all but ratio_max, which the ranks merge by the
+    largest); one set's sums give its own statistics. Within 1e-6 relative: the fractions
+    of rollout_correction_weights are float32 means, the pooled ones float64."""
+    g = torch.Generator().manual_seed(seed)
+    old = -torch.rand(b, length, generator=g, dtype=torch.float64) * 3
+    beh = old - 1.5 * torch.randn(b, length, generator=g, dtype=torch.float64)
+    mask = torch.rand(b, length, generator=g) < 0.7
+    first = torch.rand(b, generator=g) < 0.5
+    args = {"mode": mode, "level": level, "cap": 2.0}
+    _, whole = rollout_correction_weights(old, beh, mask, **args)
+    parts = [
+        rollout_correction_sums(old[rows], beh[rows], mask[rows], **args)
+        for rows in (first, ~first)
+    ]
+    pooled = correction_stats_from_sums(parts[0] + parts[1])
+    assert set(pooled) == set(whole) - {"rollout_correction/ratio_max"}
+    for key, value in pooled.items():
+        assert value == pytest.approx(whole[key], rel=1e-6, abs=1e-9), key
+    _, own = rollout_correction_weights(old[first], beh[first], mask[first], **args)
+    mine = correction_stats_from_sums(parts[0])
+    assert set(mine) == set(own) - {"rollout_correction/ratio_max"}
+    for key, value in mine.items():
+        assert value == pytest.approx(own[key], rel=1e-6, abs=1e-9), key
+
+
+def test_correction_sums_golden():
+    # CORR_* at tis, token level: 5 units (response tokens), ratio sum 1 + 3 + 0.4 + 1.5 +
+    # 1 = 6.9, 1 truncated, 0 masked, 5 tokens, weight sum 1 + 2 + 0.4 + 1.5 + 1 = 5.9,
+    # 2 rows, sequence log-ratios ln 3 and ln 0.6 (sum ln 1.8, squares ln²3 + ln²0.6)
+    sums = rollout_correction_sums(
+        CORR_OLD, CORR_BEH, CORR_MASK, mode="tis", level="token", cap=2.0
+    )
+    expected = [5, 6.9, 1, 0, 5, 5.9, 2, LN(1.8), LN(3) ** 2 + LN(0.6) ** 2]
+    np.testing.assert_allclose(sums, expected, rtol=1e-12)
+    with pytest.raises(ValueError, match="mode must be one of none, tis, mis; got 'is'"):
+        rollout_correction_sums(CORR_OLD, CORR_BEH, CORR_MASK, mode="is", level="token", cap=2.0)
+    assert correction_stats_from_sums(np.zeros(9)) == {}
 
 
 @pytest.mark.parametrize(

@@ -52,16 +52,19 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 __all__ = [
+    "CORRECTION_SUMS",
     "KL_KINDS",
     "ROLLOUT_CORRECTIONS",
     "ROLLOUT_CORRECTION_LEVELS",
     "MicroBatchPlan",
+    "correction_stats_from_sums",
     "entropy_from_logits",
     "kl_penalty",
     "masked_mean",
@@ -69,6 +72,7 @@ __all__ = [
     "plan_micro_batches",
     "policy_loss",
     "response_log_ratio",
+    "rollout_correction_sums",
     "rollout_correction_weights",
     "task_loss",
 ]
@@ -240,6 +244,43 @@ def rollout_correction_weights(
     response tokens, and the SD over rows of the sequence log-ratio
     sum_t (log pi_old - log mu). Empty ``mask``: no stats.
     """
+    t = _correction_terms(old_log_probs, behaviour_log_probs, mask, mode=mode, level=level, cap=cap)
+    if not bool(t.mask.any()):
+        return t.weights, {}
+    per_unit = t.ratio[t.units]
+    seq = t.seq_log_ratio[t.has]
+    stats = {
+        "rollout_correction/ratio_mean": float(per_unit.mean()),
+        "rollout_correction/ratio_max": float(per_unit.max()),
+        "rollout_correction/clipped_frac": float(t.truncated[t.units].float().mean()),
+        "rollout_correction/masked_frac": float(t.masked[t.units].float().mean()),
+        "rollout_correction/weight_mean": float(t.weights[t.mask].mean()),
+        "rollout_correction/seq_log_ratio_sd": float(seq.std(correction=0)),
+    }
+    return t.weights, stats
+
+
+class _CorrectionTerms(NamedTuple):
+    weights: torch.Tensor  # [B, L], 0 off the mask
+    ratio: torch.Tensor  # [B, L] (token level) or [B, 1] (sequence level)
+    units: torch.Tensor  # bool, the ratio's units: response tokens, or rows with a response
+    truncated: torch.Tensor  # bool, units truncated (tis)
+    masked: torch.Tensor  # bool, units masked out (mis)
+    seq_log_ratio: torch.Tensor  # [B], sum over the response of log pi_old - log mu
+    has: torch.Tensor  # [B] bool, rows with a response
+    mask: torch.Tensor  # [B, L] bool
+
+
+def _correction_terms(
+    old_log_probs: torch.Tensor,
+    behaviour_log_probs: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    mode: str,
+    level: str,
+    cap: float,
+) -> _CorrectionTerms:
+    """The weights of :func:`rollout_correction_weights` and the terms its statistics use."""
     if mode not in ROLLOUT_CORRECTIONS:
         raise ValueError(
             f"rollout_correction_weights: mode must be one of "
@@ -281,19 +322,56 @@ def rollout_correction_weights(
         masked = units & ((ratio < 1.0 / cap) | (ratio > cap))
         weight = torch.where(masked, torch.zeros_like(ratio), ratio)
     weights = torch.where(m, weight.expand_as(log_ratio), zero).detach()
-    if not bool(m.any()):
-        return weights, {}
-    per_unit = ratio[units]
-    seq = seq_log_ratio[has]
-    stats = {
-        "rollout_correction/ratio_mean": float(per_unit.mean()),
-        "rollout_correction/ratio_max": float(per_unit.max()),
-        "rollout_correction/clipped_frac": float(truncated[units].float().mean()),
-        "rollout_correction/masked_frac": float(masked[units].float().mean()),
-        "rollout_correction/weight_mean": float(weights[m].mean()),
-        "rollout_correction/seq_log_ratio_sd": float(seq.std(correction=0)),
+    return _CorrectionTerms(weights, ratio, units, truncated, masked, seq_log_ratio, has, m)
+
+
+# the sufficient statistics of rollout_correction_weights' stats, in this order
+CORRECTION_SUMS = (
+    "units", "ratio_sum", "truncated", "masked", "tokens", "weight_sum", "rows", "seq_sum",
+    "seq_sq_sum",
+)  # fmt: skip
+
+
+@torch.no_grad()
+def rollout_correction_sums(
+    old_log_probs: torch.Tensor,
+    behaviour_log_probs: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    mode: str,
+    level: str,
+    cap: float,
+) -> np.ndarray:
+    """Counts and sums (float64, in the order of ``CORRECTION_SUMS``) from which
+    :func:`correction_stats_from_sums` gives the statistics of
+    :func:`rollout_correction_weights` except ``ratio_max``; summed over several row sets
+    (ranks) they give the statistics of the union, as one process would compute them.
+    The arguments are those of :func:`rollout_correction_weights`, checked there."""
+    t = _correction_terms(old_log_probs, behaviour_log_probs, mask, mode=mode, level=level, cap=cap)
+    seq = t.seq_log_ratio[t.has].double()
+    return np.array([
+        float(t.units.sum()), float(t.ratio[t.units].double().sum()),
+        float(t.truncated[t.units].sum()), float(t.masked[t.units].sum()),
+        float(t.mask.sum()), float(t.weights[t.mask].double().sum()),
+        float(t.has.sum()), float(seq.sum()), float((seq * seq).sum()),
+    ], dtype=np.float64)  # fmt: skip
+
+
+def correction_stats_from_sums(sums: np.ndarray) -> dict[str, float]:
+    """The ``rollout_correction/*`` statistics (all but ``ratio_max``) from
+    :func:`rollout_correction_sums`, pooled; no stats when no response token is counted."""
+    v = dict(zip(CORRECTION_SUMS, np.asarray(sums, dtype=np.float64).tolist(), strict=True))
+    if v["tokens"] <= 0:
+        return {}
+    mean_seq = v["seq_sum"] / v["rows"]
+    var = max(v["seq_sq_sum"] / v["rows"] - mean_seq * mean_seq, 0.0)
+    return {
+        "rollout_correction/ratio_mean": v["ratio_sum"] / v["units"],
+        "rollout_correction/clipped_frac": v["truncated"] / v["units"],
+        "rollout_correction/masked_frac": v["masked"] / v["units"],
+        "rollout_correction/weight_mean": v["weight_sum"] / v["tokens"],
+        "rollout_correction/seq_log_ratio_sd": math.sqrt(var),
     }
-    return weights, stats
 
 
 def response_log_ratio(

@@ -69,7 +69,7 @@ def problem(model_dir, dtype="float32", correction="none"):
     groups = np.repeat(np.arange(GROUPS), SIZE)
     cfg = TrainConfig(
         lr=1e-2, weight_decay=0.0, ppo_epochs=2, mini_batch_size=4, micro_batch_size=3,
-        kl_coef=0.01, rollout_correction=correction,
+        kl_coef=0.01, rollout_correction=correction, old_logprobs_check=True,
     )
     return policy, batch, advantages, pairs, groups, cfg
 """
@@ -113,7 +113,9 @@ if world.rank == 0:
 # each rank writes its own file: two ranks' prints on one shared pipe can interleave
 with open(f"{out}.rank{world.rank}.json", "w") as f:
     json.dump({"used": stats["pairs/used"], "split": stats["pairs/split_micro"],
-               "ref_sharded": sharded(ref), "ref_share": ref_local / full}, f)
+               "ref_sharded": sharded(ref), "ref_share": ref_local / full,
+               "pooled": {k: v for k, v in stats.items()
+                          if k.startswith(("rollout_correction/", "pi_old/"))}}, f)
 # as mcgpo's own ranks end (distributed.joined_world, leave_launched_process): together,
 # and without the interpreter shutdown that races gloo's release of finished work (SIGABRT)
 dist.barrier()
@@ -200,6 +202,19 @@ def _two_ranks_as_one(micro_model, tmp_path, sharding, dtype, correction):
     if correction != "none":  # the single process saw the shifted rows: truncated at 2
         assert stats["rollout_correction/clipped_frac"] > 0
         assert stats["rollout_correction/ratio_max"] == pytest.approx(math.exp(0.9), rel=1e-5)
+        # the ranks' rollout_correction/* and pi_old/* statistics are those of all rows, as
+        # the single process computes them (pooled sums), not means of per-rank means; the
+        # maxima are each rank's own, merged by the largest. Both are float32 metrics
+        # (TokenBatch keeps log-probs in float32; one process takes float32 means, the
+        # ranks' pooled sums are float64), so within 1e-6 relative
+        keys = [k for k in stats if k.startswith(("rollout_correction/", "pi_old/"))]
+        assert len(keys) == 11 and stats["pi_old/mean_abs_diff"] > 0.1, keys
+        for key in keys:
+            ranks = [u["pooled"][key] for u in used]
+            if "max" in key:
+                assert max(ranks) == pytest.approx(stats[key], rel=1e-6), key
+            else:
+                assert ranks[0] == ranks[1] == pytest.approx(stats[key], rel=1e-6, abs=1e-9), key
     return single
 
 

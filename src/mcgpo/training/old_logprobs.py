@@ -27,12 +27,19 @@ from typing import Any
 import numpy as np
 import torch
 
-from mcgpo.objectives import response_log_ratio, rollout_correction_weights
+from mcgpo.objectives import (
+    correction_stats_from_sums,
+    response_log_ratio,
+    rollout_correction_sums,
+    rollout_correction_weights,
+)
 from mcgpo.policy.compile import compile_enabled
 from mcgpo.policy.logprobs import token_log_probs
 from mcgpo.policy.precision import compute
 from mcgpo.rollout.tokens import TokenBatch
+from mcgpo.training.collectives import all_sum
 from mcgpo.training.config import TrainConfig
+from mcgpo.training.world import SINGLE, World
 
 __all__ = [
     "at_old_stats",
@@ -112,6 +119,53 @@ def mismatch_stats(
     }
 
 
+def pooled_mismatch_stats(
+    sampler: torch.Tensor, training: torch.Tensor, response_mask: torch.Tensor, world: World
+) -> dict[str, float]:
+    """:func:`mismatch_stats` of the union of every rank's rows, as one process computes
+    them (a collective: every rank calls it): ``mean_abs_diff`` and ``d_spread_sampler``
+    from summed counts and sums; ``max_abs_diff`` stays this rank's (the ranks' records are
+    merged by their largest). One process: :func:`mismatch_stats` itself."""
+    local = mismatch_stats(sampler, training, response_mask)
+    if world.size == 1:
+        return local
+    mask = response_mask.bool()
+    has = mask.any(1)
+    # the same float32 terms as mismatch_stats, summed in float64
+    d = response_log_ratio(training.float(), sampler.float(), mask)[has].double()
+    diff = (sampler.float() - training.float()).abs()[mask].double()
+    tokens, diff_sum, rows, d_sum, d_sq = all_sum(
+        [diff.numel(), float(diff.sum()), len(d), float(d.sum()), float((d * d).sum())], world
+    ).tolist()
+    if tokens <= 0:
+        return {}
+    mean_d = d_sum / rows
+    pooled = {
+        "pi_old/mean_abs_diff": diff_sum / tokens,
+        "pi_old/d_spread_sampler": float(np.sqrt(max(d_sq / rows - mean_d * mean_d, 0.0))),
+    }
+    return {"pi_old/max_abs_diff": local.get("pi_old/max_abs_diff", 0.0)} | pooled
+
+
+def pooled_correction_stats(batch: TokenBatch, cfg: TrainConfig, world: World) -> dict[str, float]:
+    """:func:`rollout_weights`' statistics of the union of every rank's rows, as one process
+    computes them (a collective: every rank calls it, also one with no rows):
+    ``rollout_correction/*`` from summed counts and sums, ``ratio_max`` this rank's (merged
+    by the largest). One process: :func:`rollout_weights`' own statistics."""
+    stats = rollout_weights(batch, cfg)[1]
+    mode = cfg.correction()
+    if world.size == 1 or mode == "none":
+        return stats
+    sums = rollout_correction_sums(
+        batch.old_log_probs, batch.behaviour_log_probs, batch.response_mask, mode=mode,
+        level=cfg.rollout_correction_level, cap=cfg.rollout_correction_cap,
+    )  # fmt: skip
+    pooled = correction_stats_from_sums(all_sum(sums, world))
+    if not pooled:
+        return {}
+    return pooled | {"rollout_correction/ratio_max": stats.get("rollout_correction/ratio_max", 0.0)}
+
+
 def old_log_probs_for_update(
     model: Any,
     batch: TokenBatch,
@@ -119,9 +173,11 @@ def old_log_probs_for_update(
     cfg: TrainConfig,
     *,
     pad_passes: bool = False,
+    world: World = SINGLE,
 ) -> tuple[TokenBatch, dict[str, float]]:
     """The batch with the pi_old the update uses, and the sampler-vs-training mismatch
-    (measured when pi_old is recomputed, or when ``train.old_logprobs_check`` asks)."""
+    (measured when pi_old is recomputed, or when ``train.old_logprobs_check`` asks; over
+    every rank's rows, :func:`pooled_mismatch_stats`)."""
     recompute = cfg.recompute_old()
     if not (recompute or cfg.old_logprobs_check):
         return batch, {}
@@ -134,7 +190,7 @@ def old_log_probs_for_update(
         pad_passes=pad_passes,
         compile_layers=compile_enabled(cfg.compile, next(model.parameters()).device),
     )
-    stats = mismatch_stats(batch.behaviour_log_probs, fresh, batch.response_mask)
+    stats = pooled_mismatch_stats(batch.behaviour_log_probs, fresh, batch.response_mask, world)
     stats["pi_old/recomputed"] = float(recompute)
     if recompute:
         batch = dataclasses.replace(batch, old_log_probs=fresh)

@@ -72,7 +72,12 @@ from mcgpo.training.config import TrainConfig
 from mcgpo.training.distributed import SINGLE, World, gradient_sync, sharded, zero_backward
 from mcgpo.training.layout import Layout, PairBatch, plan_mini_batches, plan_rank_share
 from mcgpo.training.metrics import PeakMemory
-from mcgpo.training.old_logprobs import at_old_stats, old_log_probs_for_update, rollout_weights
+from mcgpo.training.old_logprobs import (
+    at_old_stats,
+    old_log_probs_for_update,
+    pooled_correction_stats,
+    rollout_weights,
+)
 from mcgpo.training.pair_probe import GradProbe, PairFit
 
 __all__ = [
@@ -160,9 +165,9 @@ def update_policy(
     graphs = compiled_graphs() if compile_enabled(cfg.compile, device) else None
     micros = [rows for step in layout.steps for rows in step]
     batch, old_stats = old_log_probs_for_update(
-        model, batch, micros, cfg, pad_passes=world.size > 1 and sharded(model)
+        model, batch, micros, cfg, pad_passes=world.size > 1 and sharded(model), world=world
     )
-    old_stats |= rollout_weights(batch, cfg)[1]  # rollout_correction/*: this rank's rows
+    old_stats |= pooled_correction_stats(batch, cfg, world)  # rollout_correction/*: all rows
     probe: list[tuple[np.ndarray, float]] = []  # (d of each row, max |ratio - 1|) at theta_old
     grads = GradProbe(params) if cfg.pair_probe else None  # first step's two gradients
     totals = _Averages()

@@ -59,6 +59,25 @@ def test_save_keeps_the_warm_start_and_finished_runs_only(tmp_path):
     ]
 
 
+def test_runs_only_leaves_the_tables_and_the_warm_start_behind(tmp_path):
+    """A study run one seed per command: the last command's results.md describes one seed
+    and must not overwrite the study's table."""
+    bench = _bench(tmp_path / "bench")
+    saved = tmp_path / "saved"
+    saved.mkdir()
+    (saved / "results.md").write_text("the study's table")
+    assert carry.main(["save", "--runs-only", str(bench), str(saved)]) == 0
+    names = sorted(str(p.relative_to(saved)) for p in saved.rglob("*") if p.is_file())
+    assert names == [
+        "results.md",
+        "runs/mcgpo-s0/bench-done.json",
+        "runs/mcgpo-s0/config.toml",
+        "runs/mcgpo-s0/eval.json",
+        "runs/mcgpo-s0/metrics.jsonl",
+    ]
+    assert (saved / "results.md").read_text() == "the study's table"
+
+
 def test_a_restored_folder_resumes_with_the_finished_runs_done(tmp_path):
     carry.save(_bench(tmp_path / "bench"), tmp_path / "saved")
     fresh = tmp_path / "fresh"
@@ -77,3 +96,5 @@ def test_bad_folders_give_one_line_and_exit_2(tmp_path, capsys):
     assert "not a benchmark folder" in capsys.readouterr().err
     assert carry.main(["restore", str(tmp_path / "none"), str(tmp_path / "b")]) == 2
     assert "no such folder" in capsys.readouterr().err
+    assert carry.main(["restore", "--runs-only", str(tmp_path), str(tmp_path / "b")]) == 2
+    assert "--runs-only goes with save only" in capsys.readouterr().err

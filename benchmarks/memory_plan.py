@@ -14,7 +14,9 @@ A second table gives a colocated vLLM engine's share (``rollout.engine vllm``:
 mcgpo.policy.memory.engine_memory, bf16 weights, the KV cache of the same rollout at full
 context, one prefill step's activations, a fixed 1.5 GB allowance) and the peak per GPU with
 it, awake through the update or asleep (``rollout.vllm_sleep``: level 2, weights and KV
-freed); docs/rollout.md prints it.
+freed); docs/rollout.md prints it. With vLLM, FSDP2 keeps no replica by default
+(``train.fsdp_replica`` auto = false: each GPU holds 1/n of the fp32 weights);
+``--vllm-replica`` prints that table with the replica kept (``train.fsdp_replica true``).
 
     python benchmarks/memory_plan.py                 # the tables in docs/training.md, rollout.md
     python benchmarks/memory_plan.py --row-tokens 5632 --models qwen3-4b,qwen3-8b
@@ -63,6 +65,10 @@ def main() -> None:
     parser.add_argument("--row-tokens", type=int, default=2048)
     parser.add_argument("--logits-chunk", type=int, default=512)
     parser.add_argument("--sequences", type=int, default=128)
+    parser.add_argument(
+        "--vllm-replica", action="store_true",
+        help="the vLLM table with FSDP2's full replica kept (train.fsdp_replica true)",
+    )  # fmt: skip
     args = parser.parse_args()
     head = ["model", "params B", "GPUs", "ckpt", "states", "replica", "ref", "activations",
             "LM head",
@@ -81,7 +87,10 @@ def main() -> None:
     print(
         f"rollout.engine vllm, GB per GPU: the engine's share (bf16, {args.sequences} x "
         f"{args.row_tokens} tokens of KV) and the peak with it (ckpt on; fits = the "
-        "asleep peak <= 95 % of the GPU)"
+        "asleep peak <= 95 % of the GPU; FSDP2 "
+        + ("with" if args.vllm_replica else "without")
+        + " the full replica, train.fsdp_replica "
+        + ("true)" if args.vllm_replica else "auto)")
     )
     print()
     head = ["model", "GPUs", "weights", "KV cache", "act. + overhead", "vLLM", "trainer resident",
@@ -100,7 +109,7 @@ def engine_rows(args: argparse.Namespace) -> list[list[str]]:
             p = plan(
                 shaped_config(name), gpus=gpus, micro_rows=args.micro_rows,
                 row_tokens=args.row_tokens, logits_chunk=args.logits_chunk,
-                sequences=args.sequences,
+                sequences=args.sequences, replica=args.vllm_replica,
             )  # fmt: skip
             e = p.engine
             awake, asleep = p.vllm_peak_gb

@@ -145,3 +145,21 @@ def test_plan_carries_the_vllm_engines_share_and_peaks():
     overhead = p.engine.overhead_bytes / GB
     assert asleep == pytest.approx(max(p.update_gb + overhead, p.resident_gb + p.vllm_gb))
     assert asleep <= awake
+
+
+def test_without_a_replica_fsdp2_keeps_only_shards_beside_vllm():
+    """train.fsdp_replica false (vLLM's default): no whole fp32 copy on any of 4 GPUs; the
+    update holds 16n/4 + 4n/4 (+ activations), and while vLLM samples the trainer keeps its
+    weight shard, moments and reference (16n/4 in all): 4n less than with the replica in
+    both. One GPU has no replica either way; the HF-sampler rollout is unchanged."""
+    from mcgpo.policy.memory import GB
+
+    config = shaped_config("qwen2.5-7b")
+    n = parameter_count(config)
+    kept, dropped = plan(config, gpus=4), plan(config, gpus=4, replica=False)
+    assert dropped.replica_gb == 0.0
+    assert kept.update_gb - dropped.update_gb == pytest.approx(4 * n / GB)
+    assert dropped.resident_gb == pytest.approx((4 * n / 4 + 8 * n / 4 + 4 * n / 4) / GB)
+    assert kept.resident_gb - dropped.resident_gb == pytest.approx(4 * n / GB)
+    assert dropped.rollout_gb == kept.rollout_gb and dropped.engine == kept.engine
+    assert plan(config, gpus=1, replica=False) == plan(config, gpus=1)

@@ -11,10 +11,18 @@ from pathlib import Path
 import torch
 
 
-def launch(args: list[str], timeout: float = 600) -> None:
-    """``python -m mcgpo ARGS`` in a subprocess on this checkout's ``src``; it must exit 0
-    within ``timeout`` seconds (a rank stuck in a collective fails the test, not CI)."""
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2] / "src")}
+def launch(
+    args: list[str],
+    timeout: float = 600,
+    *,
+    path: tuple[Path, ...] = (),
+    env: dict[str, str] | None = None,
+) -> None:
+    """``python -m mcgpo ARGS`` in a subprocess on this checkout's ``src`` (and the folders
+    of ``path`` after it, with ``env`` added to the environment); it must exit 0 within
+    ``timeout`` seconds (a rank stuck in a collective fails the test, not CI)."""
+    folders = [str(Path(__file__).parents[2] / "src"), *map(str, path)]
+    env = {**os.environ, **(env or {}), "PYTHONPATH": os.pathsep.join(folders)}
     done = subprocess.run(
         [sys.executable, "-m", "mcgpo", *args], env=env, capture_output=True, text=True,
         timeout=timeout,

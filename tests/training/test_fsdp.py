@@ -46,6 +46,26 @@ def test_bad_sharding_is_one_line_exit_2(tmp_path, smoke_args, capsys):
     assert err.count("\n") == 0 and "train.sharding must be one of ddp, fsdp2; got 'zero3'" in err
 
 
+def test_no_replica_needs_the_vllm_engine_one_line_exit_2(tmp_path, smoke_args, capsys):
+    # without a replica nothing could generate with mcgpo's own samplers
+    assert main(smoke_args(tmp_path / "run", "--train.fsdp_replica", "false")) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0
+    assert "train.fsdp_replica false needs rollout.engine vllm" in err
+    assert main(smoke_args(tmp_path / "run2", "--train.fsdp_replica", "no")) == 2
+    assert "train.fsdp_replica must be one of auto, true, false; got 'no'" in (
+        capsys.readouterr().err
+    )
+
+
+def test_the_replica_is_kept_for_mcgpo_samplers_and_dropped_for_vllm_by_default() -> None:
+    from mcgpo.training.config import TrainConfig
+
+    assert TrainConfig().keep_replica("hf") and not TrainConfig().keep_replica("vllm")
+    assert TrainConfig(fsdp_replica="true").keep_replica("vllm")
+    assert not TrainConfig(fsdp_replica="false").keep_replica("vllm")
+
+
 def test_fsdp2_with_logits_chunk_is_accepted() -> None:
     # once refused (the chunked head ran outside FSDP2's root all-gather); the learner's
     # PolicyForward now runs it inside the root's forward (trained and compared with one
@@ -147,3 +167,59 @@ def test_fsdp2_resume_equals_uninterrupted_and_folders_load_in_one_process(tmp_p
     args = ["eval", "--preset", "household-smoke", "--model", str(whole / "model"), "--out"]
     assert main([*args, str(out), "--eval.temperature", "0.001", "--eval.tasks", "2"]) == 0
     assert (out / "eval.json").is_file()
+
+
+FAKE_ENGINE = Path(__file__).parent / "fake_engine"  # its sitecustomize serves "vllm"
+
+
+@pytest.mark.slow
+def test_fsdp2_without_a_replica_trains_evaluates_and_saves_as_with_one(tmp_path, smoke_args):
+    """``train.fsdp_replica false``: the policy is sharded in place, the engine samples and
+    evaluates, syncs and saves gather the shards. Served by a stand-in engine that samples
+    with mcgpo's HF sampler from its own copy (tests/training/fake_engine), the run equals
+    2 FSDP2 ranks with a replica and the HF engine: the same rollouts and evaluations,
+    the saved weights within 1e-6 (float rounding apart, both are FSDP2's update), the
+    checkpoint's weights the final model's. The stand-in checks at every sync that the
+    policy it is given is sharded, i.e. no rank keeps a whole copy. Both runs recompute
+    pi_old and weight by TIS, as a vLLM run does (auto)."""
+    extra = (*GREEDY, "--save-rollouts", "--train.rollout_correction", "tis")
+    extra = (*extra, "--train.old_logprobs", "recompute", "--eval.every", "1")
+    hf, drop = tmp_path / "hf", tmp_path / "drop"
+    launch(smoke_args(hf, *extra, *FSDP2))
+    launch(
+        smoke_args(drop, *extra, *FSDP2, "--rollout.engine", "vllm"),
+        path=(FAKE_ENGINE,),
+        env={"MCGPO_TEST_EXPECT_SHARDED": "1"},
+    )
+    assert 'fsdp_replica = "auto"' in (drop / "config.toml").read_text()
+    for update in (1, 2):
+        a, b = _rows(hf, update, 2), _rows(drop, update, 2)
+        assert len(a) == len(b) > 0
+        for column in ["slot", "turn", "action", "reward", "state", "response", "pair_role"]:
+            assert a[column].tolist() == b[column].tolist(), column
+        np.testing.assert_allclose(a["advantage"], b["advantage"], rtol=0, atol=1e-12)
+    from mcgpo.training.metrics import read_metrics
+
+    def evals(folder: Path) -> list[tuple[int, float]]:
+        rows = read_metrics(folder / "metrics.jsonl")
+        return [(r["update"], r["eval/success"]) for r in rows if "eval/success" in r]
+
+    assert len(evals(hf)) == 3 and evals(hf) == evals(drop)  # before, after 1 and after 2
+    final = saved_weights(drop / "model")
+    assert _gap(saved_weights(hf / "model"), final) < 1e-6
+    assert _gap(saved_weights(drop / "checkpoints" / "update-000002" / "model"), final) == 0.0
+    assert not any(k.startswith("policy.") for k in final)  # the policy's own names
+
+
+@pytest.mark.slow
+def test_fsdp2_without_a_replica_resumes_as_uninterrupted(tmp_path, smoke_args):
+    """Stopped after update 1 and resumed without a replica equals the uninterrupted run:
+    the checkpoint's gathered weights and optimiser state re-shard as they were; the
+    stand-in engine is rebuilt from the resumed weights."""
+    args = (*GREEDY, *FSDP2, "--rollout.engine", "vllm")
+    fake = {"path": (FAKE_ENGINE,), "env": {"MCGPO_TEST_EXPECT_SHARDED": "1"}}
+    whole, split = tmp_path / "whole", tmp_path / "split"
+    launch(smoke_args(whole, *args), **fake)
+    launch(smoke_args(split, *args, "--train.updates", "1"), **fake)
+    launch(smoke_args(split, *args, "--resume"), **fake)
+    assert _gap(saved_weights(whole / "model"), saved_weights(split / "model")) == 0.0

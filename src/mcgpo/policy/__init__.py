@@ -5,7 +5,16 @@ tokenizer is trained on environment text that the rollout layer renders
 (:mod:`mcgpo.rollout.corpus`).
 """
 
-from mcgpo.policy.loading import PolicyLoadError, load_policy, save_policy
+from mcgpo.policy.loading import (
+    PolicyLoadError,
+    full_parameters,
+    full_weights,
+    holds_shards,
+    load_policy,
+    save_policy,
+    write_policy,
+    write_weights,
+)
 from mcgpo.policy.logprobs import (
     position_ids,
     token_entropy,
@@ -17,6 +26,9 @@ from mcgpo.policy.tiny import build_tiny_policy, tiny_model, train_tokenizer
 __all__ = [
     "PolicyLoadError",
     "build_tiny_policy",
+    "full_parameters",
+    "full_weights",
+    "holds_shards",
     "load_policy",
     "position_ids",
     "save_policy",
@@ -25,4 +37,6 @@ __all__ = [
     "token_log_probs",
     "token_log_probs_and_entropy",
     "train_tokenizer",
+    "write_policy",
+    "write_weights",
 ]

@@ -17,11 +17,19 @@ the tests check that a Qwen-shaped folder loads with ``sdpa``.
 A tokenizer without a pad token gets its EOS token as pad (Llama-style base models ship
 without one); the rollout layer pads itself and masks padding, so the choice never reaches
 the loss.
+
+A policy sharded by FSDP2 in place (``train.fsdp_replica false``: its parameters are
+DTensors, each rank holding 1/W) is read whole through :func:`full_parameters` (one
+all-gather per parameter, a collective) and saved with ``save_policy(..., state_dict=...)``.
+transformers' ``save_pretrained`` writes on torch.distributed's rank 0 only; the folders
+that every rank writes for its own vLLM engine go through :func:`write_policy` /
+:func:`write_weights`, which write from any rank.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -29,7 +37,16 @@ from typing import Any
 
 import torch
 
-__all__ = ["PolicyLoadError", "load_policy", "save_policy"]
+__all__ = [
+    "PolicyLoadError",
+    "full_parameters",
+    "full_weights",
+    "holds_shards",
+    "load_policy",
+    "save_policy",
+    "write_policy",
+    "write_weights",
+]
 
 
 class PolicyLoadError(ValueError):
@@ -87,13 +104,82 @@ def load_policy(
     return model, tokenizer
 
 
-def save_policy(model: Any, tokenizer: Any, path: str | Path) -> Path:
-    """Write model (safetensors) and tokenizer to ``path`` (created if needed); return it."""
+def save_policy(
+    model: Any, tokenizer: Any, path: str | Path, *, state_dict: dict[str, Any] | None = None
+) -> Path:
+    """Write model (safetensors) and tokenizer to ``path`` (created if needed); return it.
+    ``state_dict``: the weights to write instead of the model's own (a sharded policy's,
+    gathered: :func:`full_weights`, or the learner's rank-0 gather)."""
     folder = Path(path)
     folder.mkdir(parents=True, exist_ok=True)
     with _quiet():
-        model.save_pretrained(folder)
+        model.save_pretrained(folder, state_dict=state_dict)
         tokenizer.save_pretrained(folder)
+    return folder
+
+
+def holds_shards(model: Any) -> bool:
+    """Whether ``model``'s parameters are FSDP2 shards (DTensors) rather than whole tensors."""
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(p, DTensor) for p in model.parameters())
+
+
+def full_parameters(model: Any) -> Iterator[tuple[str, torch.Tensor]]:
+    """``model``'s parameters by name (a tied head once, under the embedding's name, as
+    ``named_parameters`` gives it), each whole and detached: a DTensor shard is
+    all-gathered first, so with a sharded policy this is a collective: every rank must
+    iterate it to the end, in the same order. One gathered parameter at a time."""
+    from torch.distributed.tensor import DTensor
+
+    for name, param in model.named_parameters():
+        yield name, (param.full_tensor() if isinstance(param, DTensor) else param).detach()
+
+
+def full_weights(model: Any) -> dict[str, torch.Tensor]:
+    """``model``'s whole weights on the CPU as ``save_pretrained`` names them: the parameters
+    (a tied head once) and the persistent buffers. A sharded policy's are all-gathered: a
+    collective, every rank calls it."""
+    weights = {name: t.cpu().contiguous() for name, t in full_parameters(model)}
+    persistent = set(model.state_dict())
+    for name, buf in model.named_buffers():
+        if name in persistent:
+            weights[name] = buf.detach().cpu().contiguous()
+    return weights
+
+
+def write_weights(model: Any, path: str | Path) -> Path:
+    """``model``'s whole weights (:func:`full_weights`) into ``path/model.safetensors``, one
+    file, from this process whatever its rank; returns the file. transformers'
+    ``save_pretrained`` writes on torch.distributed's rank 0 only (5.x), but under several
+    processes every rank's vLLM engine reads a folder of its own."""
+    from safetensors.torch import save_file
+
+    folder = Path(path)
+    folder.mkdir(parents=True, exist_ok=True)
+    target = folder / "model.safetensors"
+    tmp = folder / f".model.safetensors.{os.getpid()}.tmp"
+    save_file(full_weights(model), str(tmp), metadata={"format": "pt"})
+    os.replace(tmp, target)  # an engine reading the folder never sees half a file
+    return target
+
+
+def write_policy(model: Any, tokenizer: Any, path: str | Path) -> Path:
+    """A ``--model`` folder (config, generation config, weights as :func:`write_weights`,
+    tokenizer) written by this process whatever its rank (see :func:`write_weights`);
+    returns it. A sharded policy is gathered: a collective."""
+    import copy
+
+    folder = Path(path)
+    folder.mkdir(parents=True, exist_ok=True)
+    config = copy.deepcopy(model.config)
+    config.architectures = getattr(config, "architectures", None) or [type(model).__name__]
+    with _quiet():
+        config.save_pretrained(folder)
+        if getattr(model, "generation_config", None) is not None:
+            model.generation_config.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+    write_weights(model, folder)
     return folder
 
 

@@ -167,7 +167,7 @@ class MemoryPlan:
     resident_gb: float = 0.0
     # FSDP2 (gpus > 1): the full fp32 replica every rank keeps for sampling and saving
     # (training/learner.py: it follows the sharded steps); 0 on one GPU, where the
-    # trained module is the replica
+    # trained module is the replica, and without one (train.fsdp_replica false)
     replica_gb: float = 0.0
 
     @property
@@ -199,6 +199,7 @@ def plan(
     response_tokens: int = 512,
     sequences: int = 128,
     kl: bool = True,
+    replica: bool = True,
 ) -> MemoryPlan:
     """The bf16-mixed memory of one GPU of ``gpus`` (FSDP2 shards states and reference).
 
@@ -214,18 +215,26 @@ def plan(
     ``sequences`` rows of ``row_tokens`` tokens in bf16. With a colocated vLLM engine
     instead of the HF sampler: ``engine`` (:func:`engine_memory` for the same sequences,
     bf16) beside what the trainer keeps while it samples, ``resident_gb`` (the fp32
-    weights, the sharded weights and moments, the reference).
+    weights, the sharded weights and moments, the reference). ``replica`` false
+    (``train.fsdp_replica false``, the default with vLLM): no full replica on any of
+    ``gpus`` > 1; the trainer then keeps only its shards while vLLM samples (the HF-sampler
+    fields, ``rollout_gb``, assume the replica).
     """
     n = parameter_count(config)
     states = 16 * n / gpus
-    replica = 4 * n if gpus > 1 else 0.0
+    replica_bytes = 4 * n if gpus > 1 and replica else 0.0  # a whole copy beside the learner
     ref = 4 * n / gpus if kl else 0.0
-    shard = 4 * n / gpus if gpus > 1 else 0.0  # the learner's own weights beside the replica
+    shard = 4 * n / gpus if gpus > 1 else 0.0  # the learner's own weights (sharded)
     tokens = micro_rows * row_tokens
     acts = tokens * activation_bytes_per_token(config, checkpointing=checkpointing)
     head = head_bytes(config, micro_rows, min(response_tokens, row_tokens), logits_chunk)
     kv = sequences * row_tokens * kv_cache_bytes_per_token(config)
-    resident = 4 * n + shard + 8 * n / gpus + ref
+    # while vLLM samples: the whole fp32 weights (one GPU's module, or the replica) or only
+    # the learner's shard, the moments, the reference
+    weights = 4 * n + shard if gpus == 1 or replica else shard
+    resident = weights + 8 * n / gpus + ref
+    # the HF sampler: the whole fp32 weights (it needs them) and autocast's bf16 copy
+    hf_rollout = 4 * n + shard + 8 * n / gpus + ref + 2 * n
     engine = engine_memory(config, rows=sequences, context_tokens=row_tokens)
     return MemoryPlan(
         params_b=n / 1e9,
@@ -233,9 +242,9 @@ def plan(
         ref_gb=ref / GB,
         activations_gb=acts / GB,
         head_gb=head / GB,
-        update_gb=(states + replica + ref + acts + head) / GB,
-        rollout_gb=(resident + 2 * n + kv) / GB,
+        update_gb=(states + replica_bytes + ref + acts + head) / GB,
+        rollout_gb=(hf_rollout + kv) / GB,
         engine=engine,
         resident_gb=resident / GB,
-        replica_gb=replica / GB,
+        replica_gb=replica_bytes / GB,
     )

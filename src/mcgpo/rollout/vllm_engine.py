@@ -37,12 +37,17 @@ Weight sync (:meth:`VLLMEngine.update_weights`):
   ``in_process=True``): the policy's parameters, one tensor at a time cast to the engine's
   dtype, go to vLLM's in-place reload (``collective_rpc("reload_weights",
   weights_iterator=...)``: the model's ``load_weights`` per tensor, then each layer's
-  post-load processing). Under FSDP2 the policy passed is the full replica that the trainer
-  all-gathers from the sharded learner after every step
-  (:func:`mcgpo.training.learner.follow_learner`), so the sync needs no gather of its own.
+  post-load processing). Under FSDP2 the policy passed is either the full replica that the
+  trainer all-gathers from the sharded learner after every step
+  (:func:`mcgpo.training.learner.follow_learner`), or (``train.fsdp_replica false``) the
+  sharded policy itself, whose parameters are then all-gathered one at a time as vLLM
+  takes them (:func:`mcgpo.policy.full_parameters`: every rank syncs its own engine, in
+  step).
 - through the engine's folder for the CPU engine in vLLM's processes, the one layout that
   has no other way in (tensors cross vLLM's process boundary only pickled, measured slower
-  than the disk): ``save_pretrained``, then ``reload_weights(weights_path=folder)``.
+  than the disk): the weights written into the folder (:func:`mcgpo.policy.write_weights`:
+  from any rank, as transformers' ``save_pretrained`` writes on rank 0 only; a sharded
+  policy's gathered first), then ``reload_weights(weights_path=folder)``.
 - with ``sleep`` (GPU): the engine sleeps at level 2 during the update (weights and KV cache
   freed, nothing copied to the host); the sync wakes the weights, loads them, frees the
   trainer's cached blocks (``torch.cuda.empty_cache``), then wakes the KV cache.
@@ -56,10 +61,10 @@ then two fixes, each with a switch that the tests turn off to show that it is ne
   the LM head that the reload leaves stale (log-probs off by ~0.2); the worker re-runs the
   head's ``process_weights_after_loading`` (a no-op on GPUs).
 
-Several ranks: mcgpo keeps a full replica of the policy on every rank (DDP; with FSDP2 the
-replica follows the sharded steps), so every rank builds its own engine on its own device
-from its own replica and syncs it from there, and each rank samples its own block of
-groups as with the HF engine.
+Several ranks: every rank builds its own engine on its own device from the policy (before
+it is sharded) and syncs it from its replica (DDP; FSDP2 with ``train.fsdp_replica true``)
+or from the gathered shards (FSDP2 without a replica), and each rank samples its own block
+of groups as with the HF engine.
 """
 
 from __future__ import annotations
@@ -75,6 +80,7 @@ from typing import Any
 
 import torch
 
+from mcgpo.policy.loading import full_parameters, write_policy, write_weights
 from mcgpo.rollout.sampler import Samples
 from mcgpo.rollout.vllm_launch import (
     CPU_BATCH_TOKENS,
@@ -226,10 +232,9 @@ class VLLMEngine:
     def for_policy(
         cls, model: Any, tokenizer: Any, folder: str | Path, **kwargs: Any
     ) -> VLLMEngine:
-        """Write ``model`` and ``tokenizer`` to ``folder``, then build the engine from it."""
-        from mcgpo.policy.loading import save_policy
-
-        save_policy(model, tokenizer, folder)
+        """Write ``model`` and ``tokenizer`` to ``folder`` (from any rank:
+        :func:`mcgpo.policy.write_policy`), then build the engine from it."""
+        write_policy(model, tokenizer, folder)
         return cls(folder, **kwargs)
 
     def sample(
@@ -349,7 +354,7 @@ class VLLMEngine:
 
     def _load_from_folder(self, model: Any) -> None:
         """The engine is in other processes: the weights go through its folder."""
-        model.save_pretrained(self.folder)
+        write_weights(model, self.folder)
         self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(self.folder)})
 
     def close(self) -> None:
@@ -378,10 +383,10 @@ class VLLMEngine:
 
 def _named_weights(model: Any, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
     """The policy's parameters by their checkpoint names (a tied head once, under the
-    embedding's name, as ``save_pretrained`` writes it), each cast to ``dtype`` only when
-    vLLM asks for it: one converted tensor alive at a time."""
-    for name, param in model.named_parameters():
-        yield name, param.detach().to(dtype)
+    embedding's name, as ``save_pretrained`` writes it), each gathered (a sharded policy)
+    and cast to ``dtype`` only when vLLM asks for it: one converted tensor alive at a time."""
+    for name, param in full_parameters(model):
+        yield name, param.to(dtype)
 
 
 def _free_cached_blocks(platform: str) -> None:

@@ -101,11 +101,13 @@ def save_checkpoint(
     task_cursor: int,
     keep: int = 2,
     optimizer_state: dict[str, Any] | None = None,
+    model_state: dict[str, Any] | None = None,
 ) -> Path:
     """Write checkpoint ``update`` atomically; returns its folder.
 
     ``optimizer_state``: what to save instead of ``optimizer.state_dict()`` (FSDP2: the
-    full state gathered from the ranks' shards, keyed by parameter name)."""
+    full state gathered from the ranks' shards, keyed by parameter name); ``model_state``:
+    the weights to save instead of the model's own (FSDP2 without a replica: gathered)."""
     root = Path(run_folder) / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
     name = f"update-{update:06d}"
@@ -114,7 +116,7 @@ def save_checkpoint(
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()
-    model.save_pretrained(tmp / "model")
+    model.save_pretrained(tmp / "model", state_dict=model_state)
     tokenizer.save_pretrained(tmp / "model")
     payload = {
         "update": update,

@@ -35,6 +35,7 @@ from mcgpo.envs.pool import DEFAULT_STEP_TIMEOUT
 from mcgpo.shaping import SHAPING_COEF
 
 __all__ = [
+    "FSDP_REPLICAS",
     "LAMBDA_PAIR",
     "SHARDINGS",
     "AlgoConfig",
@@ -55,6 +56,7 @@ LAMBDA_PAIR = 1.0
 
 # How the update is spread over W > 1 processes (mcgpo.training.distributed, scale-out.md).
 SHARDINGS = ("ddp", "fsdp2")
+FSDP_REPLICAS = ("auto", "true", "false")  # train.fsdp_replica
 # Where pi_old comes from (train.old_logprobs); "auto" is resolved by TrainConfig.recompute_old.
 OLD_LOGPROBS = ("auto", "sampler", "recompute")
 
@@ -206,6 +208,13 @@ class TrainConfig:
         "update across processes: ddp (replicated) or fsdp2 (gradients and optimiser state "
         "sharded, fully_shard); no effect in one process; see scale-out.md",
     )
+    fsdp_replica: str = _opt(
+        "auto",
+        "fsdp2 on several processes: keep a full fp32 copy of the policy on every rank for "
+        "sampling, evaluation and saving (true), or not (false: rollout.engine vllm samples "
+        "and evaluates, the weights are gathered one parameter at a time); auto = false "
+        "with rollout.engine vllm, else true; docs/scale-out.md",
+    )
     precision: str = _opt(
         "fp32",
         "fp32, bf16-mixed (bf16 autocast, fp32 weights and AdamW state) or bf16 (bf16 weights); "
@@ -262,6 +271,7 @@ class TrainConfig:
         _at_least("train.logits_chunk", self.logits_chunk, 0)
         _at_least("train.save_every", self.save_every, 0)
         _choice("train.sharding", self.sharding, SHARDINGS)
+        _choice("train.fsdp_replica", self.fsdp_replica, FSDP_REPLICAS)
         from mcgpo.policy.precision import PRECISIONS  # beside autocast (imports torch)
 
         _choice("train.precision", self.precision, PRECISIONS)
@@ -293,6 +303,14 @@ class TrainConfig:
         if self.old_logprobs == "auto":
             return self.precision != "fp32" or self.rollout_correction in ("tis", "mis")
         return self.old_logprobs == "recompute"
+
+    def keep_replica(self, engine: str = "hf") -> bool:
+        """Whether an FSDP2 run keeps a full copy of the policy on every rank
+        (``fsdp_replica``, auto resolved for ``rollout.engine``: only mcgpo's own samplers
+        need it, vLLM samples from its own copy of the weights)."""
+        if self.fsdp_replica == "auto":
+            return engine != "vllm"
+        return self.fsdp_replica == "true"
 
     def correction(self, engine: str = "hf") -> str:
         """``rollout_correction`` with auto resolved for ``rollout.engine``: tis where the
@@ -391,6 +409,11 @@ class RunConfig:
         _at_least("corpus_episodes", self.corpus_episodes, 1)
         for section in (self.env, self.rollout, self.algo, self.train, self.eval, self.sft):
             section.check()
+        if not self.train.keep_replica(self.rollout.engine) and self.rollout.engine != "vllm":
+            raise ConfigError(
+                f"train.fsdp_replica false needs rollout.engine vllm: the "
+                f"{self.rollout.engine} sampler generates from the full replica"
+            )
 
 
 def _at_least(key: str, value: float, low: float) -> None:

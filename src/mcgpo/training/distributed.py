@@ -21,7 +21,12 @@ does not use it: a sharded forward is a collective, and the ranks' rollouts run 
 numbers of sampler forwards. The policy itself (``Run.model``) stays a full local replica
 that the sampler, evaluation and checkpoint writing use; after every optimiser step the
 learner's new parameters are all-gathered into it (:func:`follow_learner`), so it always
-holds the learner's weights.
+holds the learner's weights. With ``train.fsdp_replica false`` (the default with
+``rollout.engine vllm``) there is no replica: the policy is sharded in place and is the
+learner's own module, vLLM samples and evaluates from its own copy of the weights (synced
+by all-gathering one parameter at a time), and saving gathers the weights to rank 0
+(:func:`full_model_state`). Each rank then holds 1/W of the fp32 weights instead of all of
+them (30.5 GB less per GPU at 7B).
 
 W = 1 is the single-process reference: no process group, no collective, nothing changes.
 
@@ -58,6 +63,7 @@ from mcgpo.training.learner import (
     distributed_learner,
     distributed_reference,
     follow_learner,
+    full_model_state,
     full_optimizer_state,
     gradient_sync,
     load_optimizer_state,
@@ -82,6 +88,7 @@ __all__ = [
     "distributed_reference",
     "exchange_objects",
     "follow_learner",
+    "full_model_state",
     "full_optimizer_state",
     "gather_objects",
     "gradient_sync",

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from typing import Any
 
 import numpy as np
 
@@ -68,9 +69,11 @@ def episode_summary(table: StepTable, prefix: str) -> dict[str, float]:
     return out
 
 
-def evaluate(setup: RunSetup, world: World = SINGLE) -> dict[str, float]:
+def evaluate(setup: RunSetup, world: World = SINGLE, *, engine: Any = None) -> dict[str, float]:
     """One episode per held-out task at ``eval.temperature`` with the policy of ``setup`` (as
-    it is now); returns ``eval/*`` metrics (empty when ``eval.tasks`` is 0).
+    it is now); returns ``eval/*`` metrics (empty when ``eval.tasks`` is 0). ``engine``: a
+    rollout engine that holds the policy's weights samples instead of mcgpo's sampler (a
+    training run whose policy is sharded, ``train.fsdp_replica false``).
 
     With W > 1 processes each rank plays a contiguous block of the held-out tasks; the
     StepTables are gathered and every rank returns the metrics of their union."""
@@ -91,7 +94,9 @@ def evaluate(setup: RunSetup, world: World = SINGLE) -> dict[str, float]:
     options = dataclasses.replace(options, group_offset=block.start)
     table = None
     if tasks:  # a rank can have no task when there are fewer tasks than ranks
-        table = collect(setup.model, setup.tokenizer, setup.make_env, tasks, options).table
+        table = collect(
+            setup.model, setup.tokenizer, setup.make_env, tasks, options, engine=engine
+        ).table
     tables = [t for t in gather_objects(table, world) if t is not None]
     return episode_summary(union_tables(tables, group_size=1), "eval")
 

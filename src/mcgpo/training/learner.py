@@ -1,7 +1,7 @@
-"""The learner of W > 1 processes: DDP, or FSDP2 with a full replica for generation
-(:mod:`mcgpo.training.distributed` explains the layout), and what the update and the
-checkpoints need of it: gradient sync on the last micro-batch, zero-loss passes, the
-replica following the sharded steps, the full optimiser state."""
+"""The learner of W > 1 processes: DDP, or FSDP2 with or without a full replica for
+generation (:mod:`mcgpo.training.distributed` explains the layout), and what the update and
+the checkpoints need of it: gradient sync on the last micro-batch, zero-loss passes, the
+replica following the sharded steps, the full optimiser state and weights."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ __all__ = [
     "distributed_learner",
     "distributed_reference",
     "follow_learner",
+    "full_model_state",
     "full_optimizer_state",
     "gradient_sync",
     "load_optimizer_state",
@@ -29,13 +30,15 @@ __all__ = [
 ]
 
 
-def distributed_learner(model: Any, sharding: str, world: World) -> Any:
+def distributed_learner(model: Any, sharding: str, world: World, *, replica: bool = True) -> Any:
     """What the update runs on W > 1 ranks: DDP around ``PolicyForward(model)``, or
-    (``"fsdp2"``) a sharded copy of it (:func:`shard_policy`); ``model`` itself when W = 1."""
+    (``"fsdp2"``) a sharded copy of it (:func:`shard_policy`), or with ``replica`` false
+    ``model`` itself sharded in place (no full copy is left on any rank); ``model`` itself
+    when W = 1."""
     if world.size == 1:
         return model
     if sharding == "fsdp2":
-        return shard_policy(model)
+        return shard_policy(model, copy_model=replica)
     if sharding != "ddp":
         raise ConfigError(f"train.sharding must be ddp or fsdp2, got {sharding!r}")
     from torch.nn.parallel import DistributedDataParallel
@@ -121,6 +124,25 @@ def full_optimizer_state(learner: Any, optimizer: torch.optim.Optimizer) -> dict
 
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
     return get_optimizer_state_dict(_policy_of(learner), optimizer, options=options)
+
+
+def full_model_state(model: Any) -> dict[str, Any] | None:
+    """The whole weights of a policy sharded in place (``train.fsdp_replica false``), for
+    saving: a collective (every rank calls it); rank 0 gets them on the CPU, by the
+    policy's own names, the others an empty dict. None when ``model`` holds whole tensors
+    (a replica, DDP, one process): save its own state dict then."""
+    from mcgpo.policy.loading import holds_shards
+
+    if not holds_shards(model):
+        return None
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    state = get_model_state_dict(model, options=options)
+    # as save_pretrained writes a whole model: a tied head once, under the embedding's name
+    keep = {name for name, _ in model.named_parameters()}
+    keep |= {name for name, _ in model.named_buffers()}
+    return {name: tensor for name, tensor in state.items() if name in keep}
 
 
 def load_optimizer_state(

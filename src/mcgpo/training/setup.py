@@ -114,7 +114,9 @@ class Run(RunSetup):
     task_cursor: int  # number of the next training task
     world: World = SINGLE  # this process's rank and the world size
     # what the update runs: ``model``; when W > 1 its DDP wrapper, or (train.sharding fsdp2)
-    # a sharded copy whose steps ``model`` follows (a full replica for generation and saving)
+    # a sharded copy whose steps ``model`` follows (a full replica for generation and saving),
+    # or (train.fsdp_replica false) ``model`` itself sharded in place, which then only the
+    # engine generates from
     learner: Any = None
     # rollout.engine vllm: the colocated engine serving ``model`` (None: mcgpo's samplers)
     engine: Any = None
@@ -197,20 +199,22 @@ def setup_run(cfg: RunConfig, command: str = "", world: World = SINGLE) -> Run:
         model.gradient_checkpointing_enable()
         model.config.use_cache = False  # the sampler passes its own cache explicitly
     _check_compilable(cfg, model)
-    learner = distributed_learner(model, cfg.train.sharding, world)
+    engine = None
+    if cfg.rollout.engine == "vllm":  # from the whole policy, before any sharding
+        engine = rollout_engine(cfg, model, setup.tokenizer, setup.folder, world)
+    replica = cfg.train.keep_replica(cfg.rollout.engine)
+    learner = distributed_learner(model, cfg.train.sharding, world, replica=replica)
     optimizer = build_optimizer(learner, cfg.train.lr, cfg.train.weight_decay)
     if state is not None:
         load_optimizer_state(learner, optimizer, state.optimizer)
         restore_rng(state.rng)
-    follow_learner(model, learner, optimizer)  # FSDP2: the sampler's replica follows the steps
+    if replica:  # FSDP2: the sampler's replica follows the steps
+        follow_learner(model, learner, optimizer)
     sinks: MetricSinks | SilentSinks = SilentSinks()
     if world.main:
         resume_at = updates_done if cfg.resume else None
         sinks = MetricSinks(setup.folder, tensorboard=cfg.tensorboard, resume_at=resume_at)
     fields = {f.name: getattr(setup, f.name) for f in dataclasses.fields(RunSetup)}
-    engine = None
-    if cfg.rollout.engine == "vllm":
-        engine = rollout_engine(cfg, model, setup.tokenizer, setup.folder, world)
     return Run(
         **{**fields, "model": model},
         ref_model=ref_model,

@@ -17,6 +17,10 @@ One update (reference/algorithms.md 1.4):
 4. log to ``metrics.jsonl``/TensorBoard, optionally save the StepTable as Parquet;
 5. every ``eval.every`` updates: greedy-ish (T=0.4) episodes on held-out tasks; every
    ``train.save_every`` updates: an atomic checkpoint.
+
+Under FSDP2 without a replica (``train.fsdp_replica false``, the default with vLLM) the
+policy ``run.model`` is sharded over the ranks: the engine also plays the evaluation
+episodes, and saving first gathers the weights to rank 0 (a collective of every rank).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from mcgpo.policy.loading import holds_shards
 from mcgpo.policy.precision import compute
 from mcgpo.rollout.group_rollout import Rollout, collect
 from mcgpo.training.algorithms import Credit, assign_credit
@@ -34,6 +39,7 @@ from mcgpo.training.checkpoint import save_checkpoint
 from mcgpo.training.config import RunConfig
 from mcgpo.training.distributed import (
     barrier,
+    full_model_state,
     full_optimizer_state,
     gather_objects,
     joined_world,
@@ -123,8 +129,9 @@ def _train(run: Run) -> Table:
             _checkpoint(run)
         bar.advance()
     bar.close()
+    weights = full_model_state(run.model)  # sharded in place: gathered to rank 0
     if world.main:
-        _save_final_model(run)
+        _save_final_model(run, weights)
     barrier(world)
     run.sinks.close()
     return _summary(run)
@@ -173,7 +180,9 @@ def _evaluate(run: Run) -> dict[str, float]:
     if run.cfg.eval.tasks == 0:
         return {}
     clock = time.perf_counter()
-    stats = evaluate(run, run.world)
+    # a policy sharded in place cannot generate: the engine, which holds its weights, plays
+    engine = run.engine if holds_shards(run.model) else None
+    stats = evaluate(run, run.world, engine=engine)
     stats["time/eval"] = time.perf_counter() - clock
     run.sinks.write(run.updates_done, stats)
     return stats
@@ -184,12 +193,15 @@ def _checkpoint(run: Run) -> None:
     state; FSDP2: every rank first joins the gather of the sharded optimiser state); the
     others wait, so no rank runs ahead of a checkpoint that is being written."""
     optimizer_state = full_optimizer_state(run.learner, run.optimizer)
+    weights = full_model_state(run.model)  # sharded in place: gathered to rank 0
     if run.world.main:
-        _write_checkpoint(run, optimizer_state)
+        _write_checkpoint(run, optimizer_state, weights)
     barrier(run.world)
 
 
-def _write_checkpoint(run: Run, optimizer_state: dict[str, Any]) -> None:
+def _write_checkpoint(
+    run: Run, optimizer_state: dict[str, Any], weights: dict[str, Any] | None
+) -> None:
     save_checkpoint(
         run.folder,
         model=run.model,
@@ -198,14 +210,16 @@ def _write_checkpoint(run: Run, optimizer_state: dict[str, Any]) -> None:
         update=run.updates_done,
         task_cursor=run.task_cursor,
         optimizer_state=optimizer_state,
+        model_state=weights,
     )
 
 
-def _save_final_model(run: Run) -> None:
-    """The trained policy in ``<out>/model`` (a ``--model`` folder for eval or more training)."""
+def _save_final_model(run: Run, weights: dict[str, Any] | None) -> None:
+    """The trained policy in ``<out>/model`` (a ``--model`` folder for eval or more training);
+    ``weights``: a sharded policy's, gathered (:func:`full_model_state`)."""
     from mcgpo.policy import save_policy
 
-    save_policy(run.model, run.tokenizer, run.folder / "model")
+    save_policy(run.model, run.tokenizer, run.folder / "model", state_dict=weights)
 
 
 def _save_rollouts(run: Run, update: int, rollout: Rollout, credit: Credit) -> None:

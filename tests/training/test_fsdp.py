@@ -40,6 +40,17 @@ def _rows(folder: Path, update: int, ranks: int):
     return pd.concat([pd.read_parquet(folder / "rollouts" / n) for n in names], ignore_index=True)
 
 
+def _same_rollouts(first: tuple[Path, int], second: tuple[Path, int]) -> None:
+    """Two runs' saved rollouts (folder, ranks) hold the same rows, actions, rewards and
+    pairs in both updates, and the same advantages."""
+    for update in (1, 2):
+        a, b = _rows(first[0], update, first[1]), _rows(second[0], update, second[1])
+        assert len(a) == len(b) > 0
+        for column in ["slot", "turn", "action", "reward", "state", "response", "pair_role"]:
+            assert a[column].tolist() == b[column].tolist(), column
+        np.testing.assert_allclose(a["advantage"], b["advantage"], rtol=0, atol=1e-12)
+
+
 def test_bad_sharding_is_one_line_exit_2(tmp_path, smoke_args, capsys):
     assert main(smoke_args(tmp_path / "run", "--train.sharding", "zero3")) == 2
     err = capsys.readouterr().err.strip()
@@ -119,12 +130,7 @@ def test_fsdp2_two_processes_train_as_one(tmp_path, smoke_args):
     one, two = tmp_path / "one", tmp_path / "two"
     assert main(smoke_args(one, *extra)) == 0
     launch(smoke_args(two, *extra, *FSDP2))
-    for update in (1, 2):
-        a, b = _rows(one, update, 1), _rows(two, update, 2)
-        assert len(a) == len(b) > 0
-        for column in ["slot", "turn", "action", "reward", "state", "response", "pair_role"]:
-            assert a[column].tolist() == b[column].tolist(), column
-        np.testing.assert_allclose(a["advantage"], b["advantage"], rtol=0, atol=1e-12)
+    _same_rollouts((one, 1), (two, 2))
     from mcgpo.training.metrics import read_metrics
 
     ra, rb = (
@@ -192,12 +198,7 @@ def test_fsdp2_without_a_replica_trains_evaluates_and_saves_as_with_one(tmp_path
         env={"MCGPO_TEST_EXPECT_SHARDED": "1"},
     )
     assert 'fsdp_replica = "auto"' in (drop / "config.toml").read_text()
-    for update in (1, 2):
-        a, b = _rows(hf, update, 2), _rows(drop, update, 2)
-        assert len(a) == len(b) > 0
-        for column in ["slot", "turn", "action", "reward", "state", "response", "pair_role"]:
-            assert a[column].tolist() == b[column].tolist(), column
-        np.testing.assert_allclose(a["advantage"], b["advantage"], rtol=0, atol=1e-12)
+    _same_rollouts((hf, 2), (drop, 2))
     from mcgpo.training.metrics import read_metrics
 
     def evals(folder: Path) -> list[tuple[int, float]]:

@@ -57,6 +57,20 @@ def test_all_runs_then_none_when_rerun(tmp_path):
     assert calls2 == []
 
 
+def test_runs_start_seed_by_seed(tmp_path):
+    """Every method of a seed starts before the next seed's runs (plans are listed method
+    by method): a benchmark stopped part-way leaves whole seeds. One at a time, the launch
+    order is the seed-major order of the plans."""
+    plans = plan_runs(V, [3, 1, 2], tmp_path, common=(), threads=1)
+    assert [(p.variant.label, p.seed) for p in plans][:3] == [("grpo", 3), ("grpo", 1), ("grpo", 2)]
+    calls = []
+    run_plans(plans, parallel=1, launcher=_fake_launcher(calls), poll_seconds=0.01)
+    started = [(c[c.index("--algo.name") + 1], int(c[c.index("--seed") + 1])) for c in calls]
+    assert started == [
+        ("grpo", 3), ("mcgpo", 3), ("grpo", 1), ("mcgpo", 1), ("grpo", 2), ("mcgpo", 2),
+    ]  # fmt: skip
+
+
 def test_failed_run_keeps_no_marker_and_partial_run_resumes(tmp_path):
     plans = plan_runs(V[:1], [0], tmp_path, common=(), threads=1)
     calls = []

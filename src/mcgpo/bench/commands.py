@@ -102,7 +102,7 @@ def _parser(prog: str, description: str) -> argparse.ArgumentParser:
         "--parallel",
         type=int,
         default=default_parallel(),
-        help="runs at once (default: the number of cores, %(default)s)",
+        help="runs at once, started seed by seed (default: the number of cores, %(default)s)",
     )
     p.add_argument(
         "--model", default=None, help="start from this policy folder instead of a fresh warm start"

@@ -9,8 +9,11 @@ Layout of a benchmark folder::
 Resumable: a run whose folder holds ``bench-done.json`` is skipped; a run with a checkpoint
 but no marker is continued with ``--resume``; a run stopped before its first checkpoint
 (metrics but no checkpoint) starts again, its old files moved to ``<folder>/stale-<n>/``
-(nothing is deleted); the warm start is skipped when its model exists. At most ``parallel`` runs go at once (default: the number of cores), each with
-``cores // parallel`` torch threads, so runs don't fight over cores.
+(nothing is deleted); the warm start is skipped when its model exists. At most ``parallel``
+runs go at once (default: the number of cores), each with ``cores // parallel`` torch
+threads, so runs don't fight over cores. Runs start seed by seed (every method of the first
+seed, then of the next), so a benchmark stopped part-way leaves whole seeds, with every
+method on the same seeds, and a paired comparison can use all of them.
 """
 
 from __future__ import annotations
@@ -134,12 +137,17 @@ def run_plans(
     launcher: Launcher = _popen,
     poll_seconds: float = 0.5,
 ) -> dict[Path, int]:
-    """Run the plans not yet done, at most ``parallel`` at once; returns exit codes.
+    """Run the plans not yet done, at most ``parallel`` at once, seed-major (the plans of a
+    seed, in their order, before those of the next seed in order of first appearance);
+    returns exit codes.
 
     A run that exits 0 gets its done-marker; a failing run keeps its folder (and
     checkpoints) so that the next invocation continues it. Skipped runs report 0.
     """
-    pending = [p for p in plans if run_status(p.folder) != "done"]
+    seed_rank = {seed: i for i, seed in enumerate(dict.fromkeys(p.seed for p in plans))}
+    pending = sorted(
+        (p for p in plans if run_status(p.folder) != "done"), key=lambda p: seed_rank[p.seed]
+    )  # a stable sort: within a seed, the plans' own order
     codes = {p.folder: 0 for p in plans if p not in pending}
     running: list[tuple[RunPlan, subprocess.Popen[bytes], float]] = []
     while pending or running:

@@ -137,9 +137,9 @@ def bench_size(size: str, folder: Path, args: argparse.Namespace) -> tuple[str, 
     model.eval()
     params = sum(p.numel() for p in model.parameters())
     prompts = household_prompts(tok, args.rows)
-    from mcgpo.rollout.group_rollout import _eos_ids
+    from mcgpo.rollout.group_rollout import eos_ids
 
-    eos = _eos_ids(model, tok)  # what collect uses
+    eos = eos_ids(model, tok)  # what collect uses
     kw = dict(
         temperature=1.0, max_new_tokens=args.new_tokens, eos_token_id=eos,
         pad_token_id=tok.pad_token_id, stop_strings=("\n",), tokenizer=tok,

@@ -39,7 +39,7 @@ from mcgpo.rollout import (
     prompt_ids,
     stop_strings,
 )
-from mcgpo.rollout.group_rollout import _eos_ids as eos_ids
+from mcgpo.rollout.group_rollout import eos_ids
 from mcgpo.rollout.static_decode import SAMPLERS
 
 

@@ -57,7 +57,14 @@ from mcgpo.rollout.prompts import default_response_format, prompt_ids, stop_stri
 from mcgpo.rollout.records import Rollout, Tally, Trajectory, assemble, record_turn
 from mcgpo.rollout.static_decode import SAMPLERS
 
-__all__ = ["DEFAULT_MAX_NEW_TOKENS", "CollectOptions", "Rollout", "collect", "sampling_generators"]
+__all__ = [
+    "DEFAULT_MAX_NEW_TOKENS",
+    "CollectOptions",
+    "Rollout",
+    "collect",
+    "eos_ids",
+    "sampling_generators",
+]
 
 # Response budget per format: the recipe's 512 for reasoning responses (reference §1.4);
 # an action line is a handful of tokens.
@@ -202,7 +209,7 @@ def _sampling(
     fmt = opts.response_format or default_response_format(tokenizer)
     budget = DEFAULT_MAX_NEW_TOKENS[fmt] if opts.max_new_tokens is None else opts.max_new_tokens
     device = next(model.parameters()).device
-    eos = _eos_ids(model, tokenizer)
+    eos = eos_ids(model, tokenizer)
     return _Sampling(
         model=model,
         tokenizer=tokenizer,
@@ -288,7 +295,7 @@ def _engine_sample(engine: Any) -> Callable[..., Any]:
     return lambda _model, prompts, **kwargs: engine.sample(prompts, **kwargs)
 
 
-def _eos_ids(model: Any, tokenizer: Any) -> list[int]:
+def eos_ids(model: Any, tokenizer: Any) -> list[int]:
     """EOS ids of the tokenizer and of the model's generation config (instruct models have two)."""
     ids: set[int] = set()
     for value in (

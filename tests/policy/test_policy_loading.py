@@ -68,3 +68,34 @@ def test_missing_pad_token_falls_back_to_eos(small_policy, tmp_path):
     _, loaded_tok = load_policy(folder)
     assert loaded_tok.pad_token == "<|eos|>"
     assert loaded_tok.pad_token_id == loaded_tok.eos_token_id == tok.eos_token_id
+
+
+def test_write_policy_writes_what_save_pretrained_writes(small_policy, tmp_path):
+    """write_policy (every rank's vLLM engine folder; save_pretrained writes on rank 0 only)
+    gives the folder save_pretrained gives: the same config.json, with the weights' dtype
+    recorded even when the config says another (here bfloat16 over float32 weights), the
+    same tensors under the same names, and it loads as the original; the model's own config
+    is left as it was."""
+    from safetensors.torch import load_file
+
+    from mcgpo.policy import write_policy
+
+    model, tokenizer = small_policy  # shared by the session: its config is put back
+    before = model.config.dtype
+    model.config.dtype = torch.bfloat16
+    try:
+        mine = write_policy(model, tokenizer, tmp_path / "mine")
+        assert model.config.dtype == torch.bfloat16  # untouched (save_pretrained rewrites it)
+        theirs = save_policy(model, tokenizer, tmp_path / "hf")
+    finally:
+        model.config.dtype = before
+    config = json.loads((mine / "config.json").read_text())
+    assert config == json.loads((theirs / "config.json").read_text())
+    assert config["dtype"] == "float32"
+    a, b = load_file(mine / "model.safetensors"), load_file(theirs / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    loaded, _ = load_policy(mine)
+    assert all(
+        torch.equal(p, q)
+        for p, q in zip(loaded.state_dict().values(), model.state_dict().values(), strict=True)
+    )

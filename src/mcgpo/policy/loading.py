@@ -174,6 +174,7 @@ def write_policy(model: Any, tokenizer: Any, path: str | Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     config = copy.deepcopy(model.config)
     config.architectures = getattr(config, "architectures", None) or [type(model).__name__]
+    config.dtype = next(model.parameters()).dtype  # what the weights are, as save_pretrained
     with _quiet():
         config.save_pretrained(folder)
         if getattr(model, "generation_config", None) is not None:

@@ -68,7 +68,9 @@ def test_report_only_renders_the_finished_runs_and_keeps_the_header(tmp_path, ca
     # the original command, preset, machine and date stay; the stale "failed" line goes
     assert lines[2:4] == old_header[:2]
     assert lines[4].startswith(f"{REPORT_NOTE} by `mcgpo ablate --only graphgpo,mcgpo")
-    assert lines[4].endswith("(no training; plots and evals.jsonl as the runs left them).")
+    assert lines[4].endswith(
+        "(no training; evals.jsonl and the plots drawn again from the same runs)."
+    )
     assert "--report-only` on " in lines[4] and lines[5] == ""
     assert "| graphgpo | 3 | 50.0 ± 10.0 |" in md and "| mcgpo | 3 | 70.0 ± 17.3 |" in md
     half = 4.30265 * 0.1 / math.sqrt(3)
@@ -76,9 +78,17 @@ def test_report_only_renders_the_finished_runs_and_keeps_the_header(tmp_path, ca
     assert final == "[-4.8, +44.8]"
     integrated = f"[{100 * (0.1 - half / 2):+.1f}, {100 * (0.1 + half / 2):+.1f}]"
     assert f"| mcgpo | 3 | +20.0 | {final} | 32.6 | +10.0 | {integrated} | 16.3 |" in md
-    # ablate adds the section against mcgpo; tables only: no plots, no evals.jsonl
+    # ablate adds the section against mcgpo; evals.jsonl and the curves drawn again from
+    # these runs (every seed's points; no task types here, so no per-type bars)
     assert md.count("## Paired difference against ") == 2
-    assert sorted(p.name for p in out.iterdir()) == ["results.md", "runs"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "curves.png",
+        "evals.jsonl",
+        "results.md",
+        "runs",
+    ]
+    points = [json.loads(line) for line in (out / "evals.jsonl").read_text().splitlines()]
+    assert len(points) == 2 * 3 * 2  # 2 methods x 3 seeds x 2 evaluations
     # a second re-render keeps the same header (not a second re-render line)
     assert main(["ablate", *ARGS, "--out", str(out), "--report-only"]) == 0
     again = (out / "results.md").read_text().splitlines()

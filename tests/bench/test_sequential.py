@@ -317,6 +317,27 @@ def test_sequential_look_section(tmp_path, capsys):
     capsys.readouterr()
 
 
+def test_every_look_held_so_far_is_a_row_and_drawn(tmp_path, capsys):
+    # 6 seeds, looks at 3 and 6: look 1 on the first 3 (0.05, 0.10, 0.15: as above), look 2
+    # on all 6 (0.05 ... 0.30: mean 0.175, SD 0.0935414, t = 4.582576, 5 df, p = 0.005934
+    # <= look 2's threshold 2 (1 - Phi(1.968596)) = 0.04900 (the table's boundary 1.969
+    # unrounded; about alpha less what look 1 spent): stop, mcgpo better)
+    out = bench_folder(tmp_path, [0.05, 0.10, 0.15, 0.20, 0.25, 0.30])
+    assert bench(out, "3,6", seeds="0,1,2,3,4,5") == 0
+    md = (out / "results.md").read_text()
+    rows = [line for line in md.splitlines() if line.startswith("| mcgpo | ")]
+    assert rows[-2].startswith("| mcgpo | 1 of 2 | 3 | +10.0 | 3.46 | 0.07418 | 0.00305 |")
+    assert rows[-2].endswith("| continue |")
+    d = np.array([0.05, 0.10, 0.15, 0.20, 0.25, 0.30])
+    t = d.mean() / (d.std(ddof=1) / math.sqrt(6))
+    assert t == pytest.approx(4.582576, abs=1e-6)
+    assert rows[-1].startswith(f"| mcgpo | 2 of 2 | 6 | +17.5 | {t:.2f} | 0.00593 | 0.04900 |")
+    assert rows[-1].endswith("| stop: mcgpo better |")
+    png = out / "sequential.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    capsys.readouterr()
+
+
 def test_sequential_look_stops(tmp_path, capsys):
     # differences 0.10, 0.11, 0.12: t = 0.11 / (0.01 / sqrt 3) = 19.052559, p = 1 -
     # t / sqrt(t^2 + 2) = 1 - 19.052559 / 19.104973 = 0.002743 <= 0.00305: stop at look 1

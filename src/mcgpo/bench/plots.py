@@ -3,6 +3,8 @@
 * Learning curves: success against update, one line per method at the mean over seeds,
   with a band of ± one sample SD over seeds.
 * Per-task-type bars: final success per task type, mean over seeds, SD as error bars.
+* Group-sequential looks: each comparison's paired mean difference at every look held so
+  far, with its repeated confidence interval, against the planned looks.
 """
 
 from __future__ import annotations
@@ -12,9 +14,10 @@ from pathlib import Path
 
 import numpy as np
 
-from mcgpo.bench.results import MethodSummary, RunResult, _short_type
+from mcgpo.bench.results import MethodSummary, PairedDifference, RunResult, _short_type
+from mcgpo.bench.sequential import LookResult
 
-__all__ = ["curve_bands", "plot_learning_curves", "plot_task_type_bars"]
+__all__ = ["curve_bands", "plot_learning_curves", "plot_sequential_looks", "plot_task_type_bars"]
 
 
 def curve_bands(runs: Sequence[RunResult]) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
@@ -96,6 +99,47 @@ def plot_task_type_bars(summaries: Sequence[MethodSummary], path: Path, *, title
     ax.set_title(title or "Success per task type (mean ± SD over seeds)")
     ax.legend(frameon=False, fontsize=8)
     ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def plot_sequential_looks(
+    history: Sequence[tuple[PairedDifference, Sequence[LookResult]]],
+    looks: Sequence[int],
+    path: Path,
+    *,
+    title: str = "",
+) -> Path:
+    """Δ integrated success (points, method minus baseline) at each look held so far, with
+    the look's repeated confidence interval as the error bar, at its number of seeds; the
+    planned looks on the x axis, 0 as a line. Returns the PNG path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=120)
+    step = min(np.diff(looks)) if len(looks) > 1 else max(looks[0], 1)
+    offsets = np.linspace(-0.1, 0.1, len(history)) * step if len(history) > 1 else [0.0]
+    for (d, held), dx in zip(history, offsets, strict=True):
+        n = np.array([r.n for r in held], dtype=np.float64) + dx
+        mean = np.array([100 * r.mean for r in held])
+        low = mean - np.array([100 * r.interval[0] for r in held])
+        high = np.array([100 * r.interval[1] for r in held]) - mean
+        ax.errorbar(n, mean, yerr=[low, high], fmt="o", capsize=3, label=d.method)
+    ax.axhline(0.0, color="0.3", linewidth=0.8)
+    ax.set_xticks(list(looks))
+    ax.set_xlim(min(looks) - 0.6 * step, max(looks) + 0.6 * step)
+    baseline = history[0][0].baseline if history else "baseline"
+    ax.set_xlabel("paired seeds (planned looks)")
+    ax.set_ylabel(f"integrated success, method − {baseline} (points)")
+    ax.set_title(title or "Group-sequential looks: mean difference, repeated CI")
+    ax.grid(alpha=0.3)
+    ax.legend(frameon=False)
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -3,11 +3,12 @@
 :func:`write_results` is the last step of ``mcgpo bench`` / ``ablate`` / ``sweep``.
 :func:`report_finished` is their ``--report-only`` mode: it reads the finished runs
 (``runs/<label>-s<seed>/`` with ``bench-done.json``; the metrics are enough, so a folder
-carried by ``scripts/bench_carry.py`` will do) and re-renders ``results.md`` without a warm
-start or any training, e.g. after the table's statistics changed (issue 35). It rewrites
-``results.md`` only; the plots and ``evals.jsonl`` stay as they are. With looks given
-(``--sequential 16,24,32,40``) it adds :func:`sequential_section`, the group-sequential look
-at integrated success (:mod:`mcgpo.bench.sequential`, docs/sequential.md).
+carried by ``scripts/bench_carry.py`` will do) and re-renders ``results.md``, ``evals.jsonl``
+and the plots from those runs without a warm start or any training, e.g. after the table's
+statistics changed (issue 35), or to read a study run one seed per command as a whole. With
+looks given (``--sequential 16,24,32,40``) it adds :func:`sequential_section`, the
+group-sequential looks at integrated success (:mod:`mcgpo.bench.sequential`,
+docs/sequential.md), and draws them (``sequential.png``).
 """
 
 from __future__ import annotations
@@ -15,12 +16,14 @@ from __future__ import annotations
 import datetime as dt
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from mcgpo.bench.plots import plot_learning_curves, plot_task_type_bars
+from mcgpo.bench.plots import plot_learning_curves, plot_sequential_looks, plot_task_type_bars
 from mcgpo.bench.results import (
+    PairedDifference,
     RunResult,
     paired_differences,
     render_results_md,
@@ -30,6 +33,7 @@ from mcgpo.bench.results import (
 )
 from mcgpo.bench.runner import Variant, load_run_result, plan_runs, run_status
 from mcgpo.bench.sequential import (
+    LookResult,
     alpha_spent,
     evaluate_look,
     look_fractions,
@@ -38,7 +42,15 @@ from mcgpo.bench.sequential import (
     spending_boundaries,
 )
 
-__all__ = ["REPORT_NOTE", "kept_header", "report_finished", "sequential_section", "write_results"]
+__all__ = [
+    "REPORT_NOTE",
+    "SequentialLooks",
+    "kept_header",
+    "report_finished",
+    "sequential_looks",
+    "sequential_section",
+    "write_results",
+]
 
 # the header line that marks a results.md re-rendered by --report-only
 REPORT_NOTE = "Tables re-rendered from the finished runs' metrics"
@@ -133,7 +145,7 @@ def report_finished(
             return _error(command, f"{plan.folder}: metrics.jsonl has no evaluation")
         runs.append(run)
     try:
-        appendix = sequential_section(runs, looks) if looks else []
+        sequential = sequential_looks(runs, looks) if looks else None
     except ValueError as err:
         return _error(command, f"--sequential: {err}")
     shown = " ".join(a for a in argv if a != "--report-only")
@@ -143,32 +155,53 @@ def report_finished(
     ]
     header.append(
         f"{REPORT_NOTE} by `mcgpo {command} {' '.join(argv)}` on {dt.date.today().isoformat()} "
-        "(no training; plots and evals.jsonl as the runs left them)."
+        "(no training; evals.jsonl and the plots drawn again from the same runs)."
     )
     if missing:
         header.append(f"Runs not finished and left out: {', '.join(missing)}.")
         print(f"mcgpo {command}: {len(missing)} runs not finished, left out", file=sys.stderr)
-    write_results(command, out, runs, header, tables_only=True, appendix=appendix)
+    appendix = sequential_section(sequential) if sequential else []
+    write_results(command, out, runs, header, appendix=appendix)
+    if sequential:
+        plot_sequential_looks(sequential.history, sequential.looks, out / "sequential.png")
     return 1 if missing else 0
 
 
-def sequential_section(
+@dataclass(frozen=True)
+class SequentialLooks:
+    """A group-sequential design at ``looks`` and every look held so far, per comparison.
+
+    ``history``: for each method against the baseline of :func:`paired_differences`, the
+    look results at each planned look up to the one at the number of shared seeds, look k
+    on the first ``looks[k]`` paired seeds in increasing order (the order the design runs
+    them)."""
+
+    looks: tuple[int, ...]
+    alpha: float
+    kind: str
+    fractions: np.ndarray
+    spent: np.ndarray
+    bounds: np.ndarray
+    thresholds: np.ndarray
+    history: tuple[tuple[PairedDifference, tuple[LookResult, ...]], ...]
+
+
+def sequential_looks(
     runs: Sequence[RunResult],
     looks: Sequence[int],
     alpha: float = 0.05,
     kind: str = "obrien_fleming",
-) -> list[str]:
-    """The results.md section "Group-sequential look": the design's boundaries at ``looks``
-    and, for each method against the baseline of :func:`paired_differences`, the look's
-    decision on the per-seed differences of integrated success. The look is the one at the
-    number of shared seeds; a ValueError names the comparison when that is not in ``looks``."""
+) -> SequentialLooks:
+    """The design's boundaries at ``looks`` and each comparison's looks on the per-seed
+    differences of integrated success. The current look is the one at the number of shared
+    seeds; a ValueError names the comparison when that is not in ``looks``, or when there is
+    no comparison."""
     fractions = look_fractions(looks)
     bounds = spending_boundaries(fractions, alpha, kind)
-    thresholds = nominal_thresholds(bounds)
     by_run = {(r.method, r.seed): float(np.mean([p.success for p in r.points])) for r in runs}
-    results = []
+    history = []
     for d in paired_differences(runs):
-        diffs = [by_run[d.method, s] - by_run[d.baseline, s] for s in d.seeds]
+        diffs = [by_run[d.method, s] - by_run[d.baseline, s] for s in d.seeds]  # seed order
         try:
             index = look_index(len(diffs), looks)
         except ValueError as err:
@@ -176,43 +209,62 @@ def sequential_section(
                 f"{d.method} - {d.baseline}: {err}; a look held at another count of seeds "
                 "is given as that count"
             ) from None
-        results.append((d, evaluate_look(diffs, bounds, index)))
-    if not results:
+        held = tuple(evaluate_look(diffs[: looks[k]], bounds, k) for k in range(index + 1))
+        history.append((d, held))
+    if not history:
         raise ValueError("no paired comparison: the runs hold fewer than two methods")
-    baseline = results[0][0].baseline
+    return SequentialLooks(
+        looks=tuple(looks),
+        alpha=alpha,
+        kind=kind,
+        fractions=fractions,
+        spent=alpha_spent(fractions, alpha, kind),
+        bounds=bounds,
+        thresholds=nominal_thresholds(bounds),
+        history=tuple(history),
+    )
+
+
+def sequential_section(seq: SequentialLooks) -> list[str]:
+    """The results.md section "Group-sequential look": the design's boundaries and, for each
+    comparison, every look held so far (the last row is the current look)."""
+    baseline = seq.history[0][0].baseline
     lines = [
         "",
         f"## Group-sequential look (integrated success, method - {baseline}, per seed)",
         "",
-        f"Design: looks at {', '.join(map(str, looks))} paired seeds, two-sided α = {alpha:g}, "
-        f"Lan–DeMets {_KIND_NAMES.get(kind, kind)}-type alpha spending (docs/sequential.md).",
+        f"Design: looks at {', '.join(map(str, seq.looks))} paired seeds, two-sided "
+        f"α = {seq.alpha:g}, Lan–DeMets {_KIND_NAMES.get(seq.kind, seq.kind)}-type alpha "
+        "spending (docs/sequential.md).",
         "",
         "| Look | Seeds | Information fraction | α spent (cumulative) | z boundary "
         "| Nominal p threshold |",
         "|---|---|---|---|---|---|",
     ]
-    spent = alpha_spent(fractions, alpha, kind)
-    for k, n in enumerate(looks):
+    for k, n in enumerate(seq.looks):
         lines.append(
-            f"| {k + 1} | {n} | {fractions[k]:.3f} | {spent[k]:.5f} | {bounds[k]:.3f} "
-            f"| {thresholds[k]:.5f} |"
+            f"| {k + 1} | {n} | {seq.fractions[k]:.3f} | {seq.spent[k]:.5f} "
+            f"| {seq.bounds[k]:.3f} | {seq.thresholds[k]:.5f} |"
         )
     lines += [
         "",
         "| Method | Look | n | Δ | t | p | Threshold | Repeated CI | Decision |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    for d, r in results:
-        ci = f"[{100 * r.interval[0]:+.1f}, {100 * r.interval[1]:+.1f}] ({100 * r.level:.2f} %)"
-        lines.append(
-            f"| {d.method} | {r.look} of {r.looks} | {r.n} | {100 * r.mean:+.1f} | {r.t:.2f} "
-            f"| {r.p:.5f} | {r.threshold:.5f} | {ci} | {r.decision.text(d.method, baseline)} |"
-        )
+    for d, held in seq.history:
+        for r in held:
+            ci = f"[{100 * r.interval[0]:+.1f}, {100 * r.interval[1]:+.1f}] ({100 * r.level:.2f} %)"
+            lines.append(
+                f"| {d.method} | {r.look} of {r.looks} | {r.n} | {100 * r.mean:+.1f} "
+                f"| {r.t:.2f} | {r.p:.5f} | {r.threshold:.5f} | {ci} "
+                f"| {r.decision.text(d.method, baseline)} |"
+            )
     lines += [
         "",
-        "Δ and the repeated confidence interval in percentage points. p is the paired "
-        "t-test's two-sided p-value (n − 1 df); the look stops when p is at most its "
-        "threshold, 2 (1 − Φ(z boundary)); the repeated CI is the t-interval at level "
+        "Δ and the repeated confidence interval in percentage points. Each look on the first "
+        "n paired seeds in increasing order; the last row of a method is the current look. p "
+        "is the paired t-test's two-sided p-value (n − 1 df); a look stops when p is at most "
+        "its threshold, 2 (1 − Φ(z boundary)); the repeated CI is the t-interval at level "
         "1 − threshold and excludes 0 exactly then.",
     ]
     return lines

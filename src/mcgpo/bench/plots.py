@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -64,12 +65,7 @@ def plot_learning_curves(runs: Sequence[RunResult], path: Path, *, title: str = 
     ax.set_title(title or "Learning curves (mean ± SD over seeds)")
     ax.grid(alpha=0.3)
     ax.legend(frameon=False)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def plot_task_type_bars(summaries: Sequence[MethodSummary], path: Path, *, title: str = "") -> Path:
@@ -99,12 +95,7 @@ def plot_task_type_bars(summaries: Sequence[MethodSummary], path: Path, *, title
     ax.set_title(title or "Success per task type (mean ± SD over seeds)")
     ax.legend(frameon=False, fontsize=8)
     ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def plot_sequential_looks(
@@ -140,6 +131,13 @@ def plot_sequential_looks(
     ax.set_title(title or "Group-sequential looks: mean difference, repeated CI")
     ax.grid(alpha=0.3)
     ax.legend(frameon=False)
+    return _save(fig, path)
+
+
+def _save(fig: Any, path: Path) -> Path:
+    """Lay out, write the PNG (its folder created), close the figure; returns the path."""
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -29,9 +29,10 @@ import time
 import torch
 
 from machine import cpu_name
+from mcgpo.training.build import build_optimizer
 from mcgpo.training.config_layout import from_dict
 from mcgpo.training.presets import load_preset
-from mcgpo.training.setup import build_optimizer, prepare
+from mcgpo.training.setup import prepare
 from mcgpo.training.sft import expert_demonstrations, sft_loss
 
 

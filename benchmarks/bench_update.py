@@ -63,11 +63,7 @@ import torch
 
 from mcgpo.rollout import collect
 from mcgpo.training.algorithms import assign_credit, resolve_algo
-from mcgpo.training.config import RunConfig
-from mcgpo.training.config_layout import from_dict
-from mcgpo.training.presets import load_preset
-from mcgpo.training.setup import (
-    apply_runtime,
+from mcgpo.training.build import (
     build_optimizer,
     collect_options,
     env_factory,
@@ -76,6 +72,10 @@ from mcgpo.training.setup import (
     rollout_seed,
     typed_env_options,
 )
+from mcgpo.training.config import RunConfig
+from mcgpo.training.config_layout import from_dict
+from mcgpo.training.presets import load_preset
+from mcgpo.training.runtime import apply_runtime
 from mcgpo.training.update import PairBatch, update_policy
 from throughput import mfu, update_efficiency
 

@@ -77,8 +77,8 @@ def load_policy_setup(
     Raises ValueError (one line) for a bad folder, preset or option."""
     from mcgpo.cli import UsageError, resolve
     from mcgpo.policy.loading import load_policy
+    from mcgpo.training.build import collect_options, env_factory, response_format_for
     from mcgpo.training.config import ConfigError
-    from mcgpo.training.setup import collect_options, env_factory, response_format_for
 
     try:
         cfg = resolve("train", ["--preset", preset, "--model", model_dir, *overrides])

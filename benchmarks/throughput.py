@@ -176,7 +176,7 @@ def update_efficiency(
 
     The weights move with each timed update (a throw-away AdamW at ``cfg.lr``): timing only.
     """
-    from mcgpo.training.setup import build_optimizer
+    from mcgpo.training.build import build_optimizer
     from mcgpo.training.update import update_policy
 
     device = next(model.parameters()).device

@@ -26,9 +26,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from mcgpo.training.build import env_factory, load_model, response_format_for
 from mcgpo.training.config_layout import from_dict
 from mcgpo.training.presets import parse_toml
-from mcgpo.training.setup import env_factory, load_model, response_format_for
 from mcgpo.training.sft import expert_demonstrations, sft_loss
 
 

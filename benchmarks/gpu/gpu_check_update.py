@@ -82,7 +82,7 @@ def part_update(part: Part) -> None:
     from mcgpo.policy import token_log_probs_and_entropy
     from mcgpo.policy.memory import plan
     from mcgpo.policy.precision import compute
-    from mcgpo.training.setup import build_optimizer
+    from mcgpo.training.build import build_optimizer
     from mcgpo.training.update import update_policy
 
     s = part.sizes
@@ -183,8 +183,8 @@ def part_compiled(part: Part) -> None:
 def compiled_variant(part: Part, precision: str, model: Any, batch: Any,
                      advantages: np.ndarray, flops: float) -> None:  # fmt: skip
     """One precision of part e: eager updates, then compiled ones on the same model."""
+    from mcgpo.training.build import build_optimizer
     from mcgpo.training.config import TrainConfig
-    from mcgpo.training.setup import build_optimizer
     from mcgpo.training.update import update_policy
 
     measures = compiled_measures(precision)

@@ -85,8 +85,8 @@ def test_config_checks_the_worker_settings(env, message):
 
 
 def test_the_run_config_reaches_collect():
+    from mcgpo.training.build import collect_options
     from mcgpo.training.config_layout import from_dict
-    from mcgpo.training.setup import collect_options
 
     cfg = from_dict({"env": {"workers": 4, "step_timeout": 2.5, "n_receptacles": 12}})
     assert cfg.env.options == {"n_receptacles": 12}  # the new keys are fields, not env options

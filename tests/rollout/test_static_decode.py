@@ -302,8 +302,8 @@ def test_collect_hands_decode_attention_to_the_static_sampler_only(counter_polic
 
     from mcgpo.rollout import collect
     from mcgpo.rollout import group_rollout as gr
+    from mcgpo.training.build import collect_options
     from mcgpo.training.config import RolloutConfig, RunConfig
-    from mcgpo.training.setup import collect_options
 
     model, tok = counter_policy
     seen = []

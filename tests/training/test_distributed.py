@@ -364,7 +364,7 @@ def test_fetch_rows_sends_each_rank_only_the_rows_it_runs(monkeypatch):
 
 
 def test_threads_per_process_fit_the_cores_of_the_machine():
-    from mcgpo.training.setup import process_threads
+    from mcgpo.training.runtime import process_threads
 
     assert process_threads(2, 1, 2) == 2  # one process: as asked
     assert process_threads(2, 2, 2) == 1  # 2 x 2 threads on 2 cores: capped

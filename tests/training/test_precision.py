@@ -31,7 +31,7 @@ from mcgpo.training.config import ConfigError, RunConfig, TrainConfig
 from mcgpo.training.config_layout import from_dict
 from mcgpo.training.metrics import PeakMemory, read_metrics
 from mcgpo.training.old_logprobs import mismatch_stats, recompute_log_probs
-from mcgpo.training.setup import check_device
+from mcgpo.training.runtime import check_device
 from mcgpo.training.update import update_policy
 
 TEXTS = ["go to fridge 1", "open drawer 2", "take mug 1 from table 1", "put mug 1 in/on sink 1"]
@@ -236,7 +236,7 @@ def test_bf16_mixed_smoke_run_logs_pi_old_and_memory(smoke_args, tmp_path):
 
 
 def test_tf32_is_set_on_cuda_only_and_follows_the_option():
-    from mcgpo.training.setup import apply_runtime
+    from mcgpo.training.runtime import apply_runtime
 
     matmul = torch.backends.cuda.matmul
     before = matmul.fp32_precision

@@ -10,9 +10,11 @@ import torch
 from mcgpo.cli import main
 from mcgpo.rollout import CollectOptions
 from mcgpo.training import setup as run_setup
+from mcgpo.training.build import build_optimizer, collect_options
 from mcgpo.training.config import ConfigError, RunConfig
 from mcgpo.training.config_layout import from_dict
-from mcgpo.training.setup import collect_options, prepare, writable_folder
+from mcgpo.training.run_folder import writable_folder
+from mcgpo.training.setup import prepare
 from mcgpo.training.update import clip_gradients
 
 COMMANDS = ("train", "sft", "eval")
@@ -177,7 +179,7 @@ def test_sft_settings_reach_the_optimizer_and_the_clip(micro_model, tmp_path, mo
 
     def optimizer(model, lr, weight_decay):
         seen["optimizer"] = (lr, weight_decay)
-        return run_setup.build_optimizer(model, lr, weight_decay)
+        return build_optimizer(model, lr, weight_decay)
 
     def clip(params, max_norm):
         seen["clip"] = max_norm

@@ -77,7 +77,7 @@ class CollectOptions:
 
     The recipe's values (group size, split, temperature, history) have no defaults here:
     their defaults are the run configuration's, and the trainer and the evaluation build
-    every field from it (:func:`mcgpo.training.setup.collect_options`). The optional fields
+    every field from it (:func:`mcgpo.training.build.collect_options`). The optional fields
     default to "derive it" (from the environment, the format, the tokenizer) or to no limit.
     """
 

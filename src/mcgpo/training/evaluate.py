@@ -21,6 +21,7 @@ import numpy as np
 from mcgpo.grouping import trajectory_view
 from mcgpo.rollout.group_rollout import collect
 from mcgpo.steps import StepTable
+from mcgpo.training.build import collect_options
 from mcgpo.training.checkpoint import atomic_write_text
 from mcgpo.training.config import RunConfig
 from mcgpo.training.distributed import (
@@ -32,7 +33,7 @@ from mcgpo.training.distributed import (
     union_tables,
 )
 from mcgpo.training.metrics import Table
-from mcgpo.training.setup import RunSetup, collect_options, prepare
+from mcgpo.training.setup import RunSetup, prepare
 
 __all__ = ["episode_summary", "evaluate", "run_eval"]
 

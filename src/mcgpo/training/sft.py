@@ -39,13 +39,14 @@ import numpy as np
 import torch
 
 from mcgpo.rollout.tokens import TokenBatch
+from mcgpo.training.build import build_optimizer
 from mcgpo.training.checkpoint import atomic_write_text
 from mcgpo.training.config import RunConfig
 from mcgpo.training.distributed import SINGLE, World, all_sum, joined_world
 from mcgpo.training.evaluate import evaluate
 from mcgpo.training.layout import owners
 from mcgpo.training.metrics import MetricSinks, ProgressBar, SilentSinks, Table
-from mcgpo.training.setup import build_optimizer, prepare
+from mcgpo.training.setup import prepare
 from mcgpo.training.update import clip_gradients
 
 __all__ = [

@@ -35,6 +35,7 @@ from mcgpo.policy.loading import holds_shards
 from mcgpo.policy.precision import compute
 from mcgpo.rollout.group_rollout import Rollout, collect
 from mcgpo.training.algorithms import Credit, assign_credit
+from mcgpo.training.build import collect_options, rollout_seed
 from mcgpo.training.checkpoint import save_checkpoint
 from mcgpo.training.config import RunConfig
 from mcgpo.training.distributed import (
@@ -49,7 +50,7 @@ from mcgpo.training.distributed import (
 )
 from mcgpo.training.evaluate import evaluate
 from mcgpo.training.metrics import PeakMemory, ProgressBar, Table, read_metrics
-from mcgpo.training.setup import Run, collect_options, rollout_seed, setup_run
+from mcgpo.training.setup import Run, setup_run
 from mcgpo.training.update import PairBatch, update_policy
 
 __all__ = ["train"]

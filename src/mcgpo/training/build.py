@@ -1,0 +1,132 @@
+"""A run's parts built from its config: the environment factory, the policy, the options of
+rollouts and evaluations, their sampling seeds, and AdamW. Each mistake a user can make here (a
+bad environment option, a model folder that cannot be loaded) is a one-line
+:class:`~mcgpo.training.config.ConfigError`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from mcgpo.rollout.group_rollout import CollectOptions
+from mcgpo.training.config import ConfigError, RunConfig
+from mcgpo.training.config_layout import parse_scalar
+
+__all__ = [
+    "build_optimizer",
+    "collect_options",
+    "env_factory",
+    "load_model",
+    "response_format_for",
+    "rollout_seed",
+    "tiny_corpus",
+    "typed_env_options",
+]
+
+
+def env_factory(cfg: RunConfig) -> Callable[[], Any]:
+    """A no-argument factory of fresh environments of ``cfg.env.name``; picklable
+    (:class:`~mcgpo.envs.workers.EnvSpec`), so that worker processes can build them too."""
+    from mcgpo.envs.workers import EnvSpec
+
+    name = cfg.env.name
+    make = EnvSpec(name, typed_env_options(cfg))
+    try:
+        make()  # a bad name or option, or a missing extra, is reported before any model work
+    except (ValueError, TypeError, ImportError) as err:
+        raise ConfigError(f"env {name!r}: {str(err).splitlines()[0]}") from None
+    return make
+
+
+def typed_env_options(cfg: RunConfig) -> dict[str, Any]:
+    """Environment options with command-line strings read as TOML would (12 -> int)."""
+    return {k: parse_scalar(v) if isinstance(v, str) else v for k, v in cfg.env.options.items()}
+
+
+def load_model(
+    cfg: RunConfig,
+    path: str | Path | None = None,
+    *,
+    make_env: Callable[[], Any] | None = None,
+) -> tuple[Any, Any]:
+    """The policy of ``cfg.model`` (or ``path``) on ``cfg.device``: a folder, or 'tiny'.
+
+    ``make_env``: the run's environment factory (default ``env_factory(cfg)``); for 'tiny'
+    the tokenizer learns the text of the environment as configured (its sizes, its game
+    cache), from ``cfg.corpus_episodes`` expert-led training episodes."""
+    from mcgpo.policy import build_tiny_policy, load_policy
+    from mcgpo.policy.loading import PolicyLoadError
+
+    source = str(path or cfg.model)
+    if source == "tiny":
+        texts = tiny_corpus(cfg, make_env or env_factory(cfg))
+        model, tokenizer = build_tiny_policy(texts, seed=cfg.seed)
+    else:
+        try:
+            model, tokenizer = load_policy(source)
+        except PolicyLoadError as err:
+            raise ConfigError(str(err)) from None
+    from mcgpo.policy.precision import cast_weights
+
+    return cast_weights(model, cfg.train.precision).to(cfg.device), tokenizer
+
+
+def tiny_corpus(cfg: RunConfig, make_env: Callable[[], Any]) -> Iterable[str]:
+    """The tiny tokenizer's corpus: ``cfg.corpus_episodes`` episodes of the run's environment."""
+    from mcgpo.rollout.corpus import environment_corpus
+
+    return environment_corpus(
+        (cfg.env.name,), episodes=cfg.corpus_episodes, seed=cfg.seed, make=lambda _: make_env()
+    )
+
+
+def response_format_for(cfg: RunConfig, tokenizer: Any) -> str:
+    """``rollout.response_format``, with ``auto`` resolved from the tokenizer."""
+    from mcgpo.rollout.prompts import default_response_format
+
+    fmt = cfg.rollout.response_format
+    return default_response_format(tokenizer) if fmt == "auto" else fmt
+
+
+def collect_options(
+    cfg: RunConfig,
+    response_format: str,
+    *,
+    split: str,
+    temperature: float,
+    group_size: int,
+    seed: int,
+) -> CollectOptions:
+    """The options of :func:`mcgpo.rollout.collect` for a run: turn limit, response and
+    prompt budgets, history and environment workers from ``cfg``; split, temperature, group
+    size and seed differ between training rollouts and evaluation, so the caller names them."""
+    return CollectOptions(
+        group_size=group_size,
+        split=split,
+        temperature=temperature,
+        max_turns=cfg.env.max_turns or None,
+        max_new_tokens=cfg.rollout.max_new_tokens,
+        history=cfg.rollout.history,
+        response_format=response_format,
+        seed=seed,
+        max_prompt_tokens=cfg.rollout.max_prompt_tokens,
+        workers=cfg.env.workers,
+        step_timeout=cfg.env.step_timeout,
+        sampler=cfg.rollout.sampler,
+        decode_attention=cfg.rollout.decode_attention,
+    )
+
+
+def rollout_seed(seed: int, update: int) -> int:
+    """The sampling seed of the rollouts of ``update`` (1-based) in a run with ``seed``."""
+    return int(np.random.SeedSequence([seed, update]).generate_state(1)[0])
+
+
+def build_optimizer(model: Any, lr: float, weight_decay: float) -> torch.optim.Optimizer:
+    """AdamW over the trainable parameters (decay on all of them, as verl's FSDP actor)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)

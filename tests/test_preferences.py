@@ -562,7 +562,7 @@ def test_defaults_keep_the_paper_components_on():
     assert (opts.evidence, opts.weighting, opts.matching) == ("opposite_fold", "evidence", "joint")
     from mcgpo.training.config import LAMBDA_PAIR, AlgoConfig
 
-    assert LAMBDA_PAIR == AlgoConfig().lambda_pair == 1.0
+    assert LAMBDA_PAIR == AlgoConfig().lambda_pair == 10.0  # issue 35, by the rule of mcgpo.md
     # test_exact_match's group under the defaults: c = 1 * 1/(1 + 1) * q_exact = 0.5;
     # test_exact_unsupported_then_coarse's: c = 1 * 1/2 * q_coarse = 0.25 (both as derived).
     t = group_table(

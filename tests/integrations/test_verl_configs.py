@@ -262,7 +262,7 @@ def test_check_command_prints_one_line(capsys):
 
     assert main(["--config-path", str(CONFIGS), "--config-name", "webshop_mcgpo"]) == 0
     out = capsys.readouterr().out.strip().splitlines()[-1]
-    assert out.startswith("ok: mcgpo lambda_pair=1 on webshop, 16 tasks x 8 rollouts")
+    assert out.startswith("ok: mcgpo lambda_pair=10 on webshop, 16 tasks x 8 rollouts")
     assert "64 step rows, 2 GPUs, rollout vllm" in out
     assert out.endswith("no critic, no rollout correction")
     extra = ["algorithm.rollout_correction.rollout_is=sequence",

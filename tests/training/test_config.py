@@ -32,7 +32,7 @@ def test_defaults_are_the_papers_recipe():
     assert (cfg.train.grad_clip, cfg.train.weight_decay, cfg.train.updates) == (1.0, 0.01, 150)
     assert (cfg.rollout.max_new_tokens, cfg.rollout.history) == (512, 2)
     assert cfg.eval.temperature == 0.4
-    assert (cfg.algo.name, cfg.algo.lambda_pair) == ("mcgpo", 1.0)
+    assert (cfg.algo.name, cfg.algo.lambda_pair) == ("mcgpo", 10.0)  # docs/algorithms/mcgpo.md
 
 
 def test_configs_are_frozen():

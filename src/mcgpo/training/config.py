@@ -49,9 +49,11 @@ __all__ = [
 ]
 
 
-# The weight of the MCGPO pair loss: the paper's value is unknown; set by a one-seed sweep,
-# docs/algorithms/mcgpo.md §3a (was 0.1), to be re-tested by the rule there. Defined here only: the loss takes it as an argument.
-LAMBDA_PAIR = 1.0
+# The weight of the MCGPO pair loss. The paper's value is unknown; 10.0 by the rule of
+# docs/algorithms/mcgpo.md "Setting λ_pair and ε from data" on issue 35's dose-response (was
+# 1.0 from a one-seed sweep, §3a; 0.1 before). Defined here only: the loss takes it as an
+# argument.
+LAMBDA_PAIR = 10.0
 
 
 # How the update is spread over W > 1 processes (mcgpo.training.distributed, scale-out.md).

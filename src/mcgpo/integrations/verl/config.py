@@ -7,7 +7,7 @@ options live in their own block, in the TOML layout of mcgpo's run configs
     mcgpo:
       env: {name: alfworld, max_turns: 50, train_split: train, <env options>...}
       rollout: {history: 2, response_format: auto, max_prompt_tokens: 2048}
-      algo: {name: mcgpo, lambda_pair: 1.0, <estimator options>..., pairs: {...}}
+      algo: {name: mcgpo, lambda_pair: 10.0, <estimator options>..., pairs: {...}}
 
 Everything is checked by mcgpo's own options classes (:func:`resolve_algo`), with the group
 size N taken from verl's ``actor_rollout_ref.rollout.n``; an unknown key is a ConfigError.

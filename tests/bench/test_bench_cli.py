@@ -88,6 +88,20 @@ def test_warm_start_gets_only_the_keys_sft_takes():
         assert not _warm_start_takes(key), key
 
 
+def test_each_sweep_starts_at_the_configs_default():
+    """A sweep is "around the defaults": its first value is the one a run gets unset."""
+    from mcgpo.bench.commands import SWEEP
+    from mcgpo.training.algorithms import resolve_algo
+    from mcgpo.training.config import RunConfig
+
+    algo = resolve_algo(RunConfig().algo, 8)  # mcgpo, its pair options filled in
+    defaults = {"algo.lambda_pair": algo.lambda_pair}
+    defaults |= {f"algo.pairs.{name}": value for name, value in algo.pairs.items()}
+    for key, values in SWEEP.items():
+        assert float(values[0]) == float(defaults[key]), key
+        assert len(set(map(float, values))) == len(values), key  # no point twice
+
+
 def test_only_selects_labels_and_rejects_unknown_ones(capsys, monkeypatch):
     import mcgpo.bench.commands as commands
 
@@ -95,10 +109,10 @@ def test_only_selects_labels_and_rejects_unknown_ones(capsys, monkeypatch):
     monkeypatch.setattr(
         commands, "_run", lambda cmd, args, variants: seen.setdefault(cmd, variants)
     )
-    commands.sweep_main(["--only", "mcgpo/lambda_pair=0.3,mcgpo"])
+    commands.sweep_main(["--only", "mcgpo/lambda_pair=3.0,mcgpo"])
     # declared order (the default first), not the order given
-    assert [v.label for v in seen["sweep"]] == ["mcgpo", "mcgpo/lambda_pair=0.3"]
-    assert seen["sweep"][1].flags == ("--algo.name", "mcgpo", "--algo.lambda_pair", "0.3")
+    assert [v.label for v in seen["sweep"]] == ["mcgpo", "mcgpo/lambda_pair=3.0"]
+    assert seen["sweep"][1].flags == ("--algo.name", "mcgpo", "--algo.lambda_pair", "3.0")
     commands.ablate_main(["--only", "mcgpo/uniform"])
     assert [v.label for v in seen["ablate"]] == ["mcgpo/uniform"]
     with pytest.raises(SystemExit) as exc:

@@ -1,10 +1,12 @@
-"""scripts/bench_carry.py: a saved benchmark folder resumes as the original would."""
+"""mcgpo.bench.carry and scripts/bench_carry.py: a saved benchmark folder resumes as the
+original would."""
 
 from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
 
+from mcgpo.bench import carry as library
 from mcgpo.bench import runner
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_carry.py"
@@ -36,10 +38,6 @@ def _bench(root: Path) -> Path:
         (root / name).parent.mkdir(parents=True, exist_ok=True)
         (root / name).write_text(text)
     return root
-
-
-def test_the_marker_is_the_runners():
-    assert carry.DONE_MARKER == runner.DONE_MARKER
 
 
 def test_save_keeps_the_warm_start_and_finished_runs_only(tmp_path):
@@ -81,14 +79,53 @@ def test_runs_only_leaves_the_tables_and_the_warm_start_behind(tmp_path):
 def test_a_restored_folder_resumes_with_the_finished_runs_done(tmp_path):
     carry.save(_bench(tmp_path / "bench"), tmp_path / "saved")
     fresh = tmp_path / "fresh"
-    (fresh / "runs" / "mcgpo-s0").mkdir(parents=True)
-    (fresh / "runs" / "mcgpo-s0" / "metrics.jsonl").write_text("kept")
+    fresh.mkdir()
+    (fresh / "results.md").write_text("kept")
     written = carry.restore(tmp_path / "saved", fresh)
-    assert (fresh / "runs" / "mcgpo-s0" / "metrics.jsonl").read_text() == "kept"
-    assert fresh / "runs" / "mcgpo-s0" / "metrics.jsonl" not in written
+    assert (fresh / "results.md").read_text() == "kept"  # a file already there is kept
+    assert fresh / "results.md" not in written
     assert runner.run_status(fresh / "runs" / "mcgpo-s0") == "done"
+    assert (fresh / "runs" / "mcgpo-s0" / "metrics.jsonl").read_text() == '{"update": 12}'
     assert runner.run_status(fresh / "runs" / "graphgpo-s0") == "new"  # starts again
     assert (fresh / "warmstart" / "model" / "model.safetensors").read_text() == "weights"
+
+
+def test_a_run_finished_in_the_carry_replaces_an_unfinished_one(tmp_path):
+    """Before: the carried marker joined the local run's partial metrics, which then read as
+    a finished run of 4 updates. Now the unfinished files are set aside, as the runner does."""
+    carry.save(_bench(tmp_path / "bench"), tmp_path / "saved")
+    fresh = tmp_path / "fresh"
+    local = fresh / "runs" / "mcgpo-s0"
+    (local / "checkpoints").mkdir(parents=True)
+    (local / "metrics.jsonl").write_text('{"update": 4}')
+    (local / "checkpoints" / "latest").write_text("update-4")
+    done = fresh / "runs" / "graphgpo-s1"  # finished here, not in the carry: left alone
+    done.mkdir(parents=True)
+    (done / "metrics.jsonl").write_text("mine")
+    (done / "bench-done.json").write_text("{}")
+    carry.restore(tmp_path / "saved", fresh)
+    assert runner.run_status(local) == "done"
+    assert (local / "metrics.jsonl").read_text() == '{"update": 12}'
+    assert (local / "stale-1" / "metrics.jsonl").read_text() == '{"update": 4}'
+    assert (local / "stale-1" / "checkpoints" / "latest").read_text() == "update-4"
+    assert (done / "metrics.jsonl").read_text() == "mine"
+
+
+def test_carry_run_copies_a_finished_run_only_and_atomically(tmp_path):
+    bench = _bench(tmp_path / "bench")
+    dest = tmp_path / "kept"
+    assert library.carry_run(bench / "runs" / "graphgpo-s0", bench, dest) == []  # unfinished
+    written = library.carry_run(bench / "runs" / "mcgpo-s0", bench, dest)
+    assert [p.name for p in written] == [
+        "metrics.jsonl",
+        "config.toml",
+        "eval.json",
+        "bench-done.json",
+    ]
+    assert written[-1].name == runner.DONE_MARKER  # the marker last: marked means complete
+    assert sorted(p.name for p in (dest / "runs" / "mcgpo-s0").iterdir()) == sorted(
+        p.name for p in written
+    )  # no temporary files left beside them
 
 
 def test_bad_folders_give_one_line_and_exit_2(tmp_path, capsys):

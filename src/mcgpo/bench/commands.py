@@ -31,6 +31,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
+from mcgpo.bench import carry
 from mcgpo.bench.report import report_finished, write_results
 from mcgpo.bench.runner import (
     Variant,
@@ -78,7 +79,7 @@ SWEEP: dict[str, tuple[str, ...]] = {
     "algo.pairs.epsilon": ("0.25", "0.0", "0.5"),
     "algo.pairs.kappa": ("1", "0", "4"),
     "algo.pairs.q_coarse": ("0.5", "1.0", "0.25"),
-    "algo.lambda_pair": ("1.0", "0.1", "0.3", "3.0"),
+    "algo.lambda_pair": ("10.0", "1.0", "3.0", "30.0"),  # issue 35's dose-response, around 10
 }
 
 
@@ -116,6 +117,15 @@ def _parser(prog: str, description: str) -> argparse.ArgumentParser:
         "also gets the env, rollout, sft and eval ones, and model=FOLDER goes to the warm start "
         "only (the policy it fine-tunes); out, seed, threads, progress and resume are the "
         "benchmark's own",
+    )
+    p.add_argument(
+        "--carry",
+        default=None,
+        metavar="DIR",
+        help="keep the study in DIR as it runs (a few MB: finished runs' metrics and configs, "
+        "the warm start, tables and plots; no checkpoints): DIR is restored into --out "
+        "first, each run is copied there the moment it finishes, the tables at the end; "
+        "the same command on a fresh clone resumes from DIR (mcgpo.bench.carry)",
     )
     p.add_argument(
         "--report-only",
@@ -265,6 +275,10 @@ def _run(command: str, args: argparse.Namespace, variants: Sequence[Variant]) ->
         looks = _looks(args.sequential)
         if looks and not args.report_only:
             raise _BadInput("--sequential needs --report-only (a look reads finished runs)")
+        if args.carry is not None and args.report_only:
+            raise _BadInput(
+                "--carry runs a study; to report from a carried folder, give it as --out"
+            )
         if args.report_only:
             out = Path(args.out or f"runs/{command}-{Path(args.preset).stem}")
             return report_finished(command, args.argv, out, variants, seeds, looks)
@@ -273,6 +287,7 @@ def _run(command: str, args: argparse.Namespace, variants: Sequence[Variant]) ->
         if args.model is not None and args.model != "tiny" and not Path(args.model).is_dir():
             raise _BadInput(f"--model {args.model!r}: folder not found")
         out = _writable_folder(Path(args.out or f"runs/{command}-{Path(args.preset).stem}"))
+        kept = _carry_folder(args.carry, out)
     except _BadInput as err:
         print(f"mcgpo {command}: error: {err}", file=sys.stderr)
         return 2
@@ -284,11 +299,14 @@ def _run(command: str, args: argparse.Namespace, variants: Sequence[Variant]) ->
         model = _warm_start(command, out / "warmstart", [*common, *warm_extra])
         if model is None:
             return 1
+        if kept is not None:
+            carry.carry_warm_start(out, kept)
     plans = plan_runs(
         variants, seeds, out, common=[*common, *extra, "--model", model], threads=threads
     )
     print(f"[{command}] {len(plans)} runs, {parallel} at once, in {out / 'runs'}", file=sys.stderr)
-    codes = run_plans(plans, parallel=parallel)
+    on_done = None if kept is None else (lambda plan: carry.carry_run(plan.folder, out, kept))
+    codes = run_plans(plans, parallel=parallel, on_done=on_done)
     failed = [str(f) for f, c in codes.items() if c != 0]
     finished = [p for p in plans if codes.get(p.folder) == 0]
     if not finished:
@@ -304,6 +322,9 @@ def _run(command: str, args: argparse.Namespace, variants: Sequence[Variant]) ->
     if failed:
         header.append(f"Runs that failed and are left out: {', '.join(failed)}.")
     write_results(command, out, runs, header)
+    if kept is not None:
+        carry.save(out, kept)
+        print(f"[{command}] carried to {kept}", file=sys.stderr)
     return 0 if not failed else 1
 
 
@@ -350,10 +371,11 @@ def _set_flags(items: Sequence[str]) -> tuple[list[str], list[str]]:
     return runs, warm
 
 
-def _writable_folder(folder: Path) -> Path:
-    """``folder``, created if missing; a one-line error if it cannot be created or written."""
+def _writable_folder(folder: Path, flag: str = "--out") -> Path:
+    """``folder``, created if missing; a one-line error naming ``flag`` if it cannot be
+    created or written."""
     if folder.exists() and not folder.is_dir():
-        raise _BadInput(f"--out {str(folder)!r} is a file, not a folder")
+        raise _BadInput(f"{flag} {str(folder)!r} is a file, not a folder")
     try:
         folder.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=folder):
@@ -361,9 +383,22 @@ def _writable_folder(folder: Path) -> Path:
     except OSError as err:
         reason = err.strerror or type(err).__name__
         raise _BadInput(
-            f"--out {str(folder)!r}: cannot create or write the folder ({reason})"
+            f"{flag} {str(folder)!r}: cannot create or write the folder ({reason})"
         ) from None
     return folder
+
+
+def _carry_folder(text: str | None, out: Path) -> Path | None:
+    """``--carry``'s folder (created, checked writable), restored into ``out``; None without."""
+    if text is None:
+        return None
+    if Path(text).resolve() == out.resolve():
+        raise _BadInput(f"--carry {text!r} is --out itself; give another folder")
+    kept = _writable_folder(Path(text), "--carry")
+    restored = carry.restore(kept, out)
+    if restored:
+        print(f"[carry] {len(restored)} files restored from {kept} into {out}", file=sys.stderr)
+    return kept
 
 
 def _warm_start(command: str, warm: Path, flags: Sequence[str]) -> str | None:

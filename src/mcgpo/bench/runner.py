@@ -136,12 +136,14 @@ def run_plans(
     parallel: int,
     launcher: Launcher = _popen,
     poll_seconds: float = 0.5,
+    on_done: Callable[[RunPlan], None] | None = None,
 ) -> dict[Path, int]:
     """Run the plans not yet done, at most ``parallel`` at once, seed-major (the plans of a
     seed, in their order, before those of the next seed in order of first appearance);
     returns exit codes.
 
-    A run that exits 0 gets its done-marker; a failing run keeps its folder (and
+    A run that exits 0 gets its done-marker, then ``on_done(plan)`` is called (e.g. to carry
+    it away, :func:`mcgpo.bench.carry.carry_run`); a failing run keeps its folder (and
     checkpoints) so that the next invocation continues it. Skipped runs report 0.
     """
     seed_rank = {seed: i for i, seed in enumerate(dict.fromkeys(p.seed for p in plans))}
@@ -167,6 +169,8 @@ def run_plans(
             if code == 0:
                 marker = {"seconds": round(time.time() - started, 1), "argv": list(plan.argv)}
                 write_atomic(plan.folder / DONE_MARKER, json.dumps(marker, indent=1) + "\n")
+                if on_done is not None:
+                    on_done(plan)
         running = still
         if running:
             time.sleep(poll_seconds)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 import torch
@@ -203,3 +204,27 @@ def test_sft_optimizer_defaults_are_the_former_constants():
     assert (RunConfig().sft.weight_decay, RunConfig().sft.grad_clip) == (0.01, 1.0)
     with pytest.raises(ConfigError, match=r"sft.grad_clip must be >= 0.0, got -1.0"):
         from_dict({"sft": {"grad_clip": -1.0}}).check()
+
+
+def test_resume_ignores_the_settings_the_algorithm_never_reads(tmp_path):
+    """algo.lambda_pair's default moved from 1.0 to 10.0 (issue 35): a GraphGPO run started
+    before resumes (it has no pair loss); an MCGPO run does not (its update would change)."""
+    from mcgpo.training.presets import to_toml
+    from mcgpo.training.run_folder import check_same_run, unused_algo_keys
+
+    saved = tmp_path / "config.toml"
+    assert unused_algo_keys("graphgpo") == {"algo.lambda_pair", "algo.shaping_coef"}
+    assert unused_algo_keys("mcgpo") == {"algo.shaping_coef"}
+    assert unused_algo_keys("graphgpo_shaping") == {"algo.lambda_pair"}
+    saved.write_text(to_toml(from_dict({"algo": {"name": "graphgpo", "lambda_pair": 1.0}}), ""))
+    check_same_run(saved, from_dict({"algo": {"name": "graphgpo"}}))  # now 10.0: unread
+    with pytest.raises(
+        ConfigError, match=re.escape("algo.name is 'mcgpo' but the run was started with")
+    ):
+        check_same_run(saved, from_dict({"algo": {"name": "mcgpo", "lambda_pair": 1.0}}))
+    saved.write_text(to_toml(from_dict({"algo": {"name": "mcgpo", "lambda_pair": 1.0}}), ""))
+    with pytest.raises(
+        ConfigError, match=re.escape("algo.lambda_pair is 10.0 but the run was started with 1.0")
+    ):
+        check_same_run(saved, from_dict({"algo": {"name": "mcgpo"}}))
+    check_same_run(saved, from_dict({"algo": {"name": "mcgpo", "lambda_pair": 1.0}}))

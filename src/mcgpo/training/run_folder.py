@@ -11,7 +11,13 @@ from mcgpo.training.checkpoint import latest_checkpoint
 from mcgpo.training.config import ConfigError, RunConfig
 from mcgpo.training.config_layout import flatten, from_dict
 
-__all__ = ["RESUMABLE", "check_run_folder", "check_same_run", "writable_folder"]
+__all__ = [
+    "RESUMABLE",
+    "check_run_folder",
+    "check_same_run",
+    "unused_algo_keys",
+    "writable_folder",
+]
 
 # Settings that may change when a run is resumed; anything else must match the saved config.
 RESUMABLE = {
@@ -61,16 +67,35 @@ def check_run_folder(cfg: RunConfig) -> None:
         )
 
 
+def unused_algo_keys(name: str) -> set[str]:
+    """The ``algo.*`` settings that algorithm ``name`` never reads: ``lambda_pair`` without a
+    pair loss, ``shaping_coef`` without shaping. A default of one of them may change between
+    releases (``lambda_pair``: 1.0 to 10.0, issue 35) without changing such a run."""
+    from mcgpo.training.algorithms import ALGORITHMS
+
+    spec = ALGORITHMS.get(name)
+    if spec is None:
+        return set()
+    unused = set()
+    if not spec.pairs:
+        unused.add("algo.lambda_pair")
+    if not spec.shaping:
+        unused.add("algo.shaping_coef")
+    return unused
+
+
 def check_same_run(saved_path: Path, cfg: RunConfig) -> None:
-    """A resumed run must use the saved settings, except the few in RESUMABLE."""
+    """A resumed run must use the saved settings, except the few in RESUMABLE and the
+    algorithm's unused ones (:func:`unused_algo_keys`)."""
     from mcgpo.training.presets import load_preset
 
     if not saved_path.is_file():
         raise ConfigError(f"--resume: {str(saved_path)!r} is missing")
     saved = flatten(from_dict(load_preset(str(saved_path))))
     now = flatten(cfg)
+    unused = unused_algo_keys(cfg.algo.name)
     for key in sorted(set(saved) | set(now)):
-        if key in RESUMABLE:
+        if key in RESUMABLE or (key in unused and saved.get("algo.name") == cfg.algo.name):
             continue
         if saved.get(key) != now.get(key):
             raise ConfigError(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from mcgpo.bench import carry as carry_module
 from mcgpo.bench import commands
 from mcgpo.bench.runner import DONE_MARKER, run_plans, run_status
 
@@ -107,3 +108,41 @@ def test_bad_carry_folders_are_one_line_and_exit_2(case, tmp_path, capsys):
     assert len(err) == 1 and "--carry" in err[0]
     want = {"same": "is --out itself", "file": "is a file", "report": "give it as --out"}[case]
     assert want in err[0]
+
+
+def test_a_failed_copy_is_one_line_and_the_end_carries_it_again(
+    tmp_path, monkeypatch, fake_launcher, capsys
+):
+    """A copy that fails mid-study (disk full) must not stop the runs still going."""
+    real, failures = carry_module.carry_run, []
+
+    def flaky(run, bench, dest):
+        if not failures:
+            failures.append(run.name)
+            raise OSError(28, "No space left on device")
+        return real(run, bench, dest)
+
+    monkeypatch.setattr(carry_module, "carry_run", flaky)
+    kept = tmp_path / "kept"
+    code = _bench(monkeypatch, _config_writing(fake_launcher), [], "--seeds", "0", "--parallel",
+                  "1", "--out", tmp_path / "a", "--carry", kept)  # fmt: skip
+    assert code == 0 and failures == ["graphgpo-s0"]
+    err = [x for x in capsys.readouterr().err.splitlines() if "could not carry" in x]
+    assert len(err) == 1 and "graphgpo-s0" in err[0] and "No space left on device" in err[0]
+    for run in ("graphgpo-s0", "mcgpo-s0"):  # the save at the end carried it after all
+        assert sorted(p.name for p in (kept / "runs" / run).iterdir()) == FILES
+
+
+def test_a_failed_final_save_is_one_line_and_exit_1(tmp_path, monkeypatch, fake_launcher, capsys):
+    def full(bench, dest, runs_only=False):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(carry_module, "save", full)
+    code = _bench(monkeypatch, _config_writing(fake_launcher), [], "--seeds", "0", "--parallel",
+                  "1", "--out", tmp_path / "a", "--carry", tmp_path / "kept")  # fmt: skip
+    assert code == 1
+    err = [x for x in capsys.readouterr().err.splitlines() if "error" in x]
+    assert err == [
+        f"mcgpo bench: error: could not carry to {tmp_path / 'kept'} (No space left on device)"
+    ]
+    assert (tmp_path / "a" / "results.md").is_file()  # the study's own table is written

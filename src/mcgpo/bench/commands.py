@@ -27,13 +27,14 @@ import os
 import platform
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NoReturn
 
 from mcgpo.bench import carry
 from mcgpo.bench.report import report_finished, write_results
 from mcgpo.bench.runner import (
+    RunPlan,
     Variant,
     cli_command,
     default_parallel,
@@ -305,7 +306,7 @@ def _run(command: str, args: argparse.Namespace, variants: Sequence[Variant]) ->
         variants, seeds, out, common=[*common, *extra, "--model", model], threads=threads
     )
     print(f"[{command}] {len(plans)} runs, {parallel} at once, in {out / 'runs'}", file=sys.stderr)
-    on_done = None if kept is None else (lambda plan: carry.carry_run(plan.folder, out, kept))
+    on_done = None if kept is None else _carrier(command, out, kept)
     codes = run_plans(plans, parallel=parallel, on_done=on_done)
     failed = [str(f) for f, c in codes.items() if c != 0]
     finished = [p for p in plans if codes.get(p.folder) == 0]
@@ -323,7 +324,12 @@ def _run(command: str, args: argparse.Namespace, variants: Sequence[Variant]) ->
         header.append(f"Runs that failed and are left out: {', '.join(failed)}.")
     write_results(command, out, runs, header)
     if kept is not None:
-        carry.save(out, kept)
+        try:
+            carry.save(out, kept)
+        except OSError as err:
+            reason = err.strerror or type(err).__name__
+            print(f"mcgpo {command}: error: could not carry to {kept} ({reason})", file=sys.stderr)
+            return 1
         print(f"[{command}] carried to {kept}", file=sys.stderr)
     return 0 if not failed else 1
 
@@ -401,6 +407,25 @@ def _carry_folder(text: str | None, out: Path) -> Path | None:
     return kept
 
 
+def _carrier(command: str, out: Path, kept: Path) -> Callable[[RunPlan], None]:
+    """``run_plans``' ``on_done`` for ``--carry``: copy the finished run into ``kept``. A copy
+    that fails (a full or vanished disk) is reported in one line and does not stop the runs
+    still going: the run stays finished in ``--out``, and the save at the end tries again."""
+
+    def carry_one(plan: RunPlan) -> None:
+        try:
+            carry.carry_run(plan.folder, out, kept)
+        except OSError as err:
+            reason = err.strerror or type(err).__name__
+            print(
+                f"[{command}] could not carry {plan.folder.name} to {kept} ({reason}); "
+                "it stays in --out and is carried again at the end",
+                file=sys.stderr,
+            )
+
+    return carry_one
+
+
 def _warm_start(command: str, warm: Path, flags: Sequence[str]) -> str | None:
     """The warm-started model folder (made by ``mcgpo sft`` unless it exists); None if the
     warm start failed (reported on stderr)."""
@@ -428,9 +453,7 @@ def _warm_start_takes(key: str) -> bool:
     return name in sft.tops and name not in BENCH_SETS
 
 
-def _warm_plan(warm: Path, common: Sequence[str], threads: int):
-    from mcgpo.bench.runner import RunPlan
-
+def _warm_plan(warm: Path, common: Sequence[str], threads: int) -> RunPlan:
     argv = cli_command(
         "sft", *common, "--out", str(warm), "--threads", str(threads), "--progress", "false"
     )

@@ -146,3 +146,14 @@ def test_a_failed_final_save_is_one_line_and_exit_1(tmp_path, monkeypatch, fake_
         f"mcgpo bench: error: could not carry to {tmp_path / 'kept'} (No space left on device)"
     ]
     assert (tmp_path / "a" / "results.md").is_file()  # the study's own table is written
+
+
+def test_a_carry_that_cannot_be_restored_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys):
+    def unreadable(saved, bench):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(carry_module, "restore", unreadable)
+    argv = ["--algos", "graphgpo", "--model", "tiny", "--out", str(tmp_path / "a")]
+    assert commands.bench_main([*argv, "--carry", str(tmp_path / "kept")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "cannot restore it into --out (Permission denied)" in err[0]

@@ -401,7 +401,11 @@ def _carry_folder(text: str | None, out: Path) -> Path | None:
     if Path(text).resolve() == out.resolve():
         raise _BadInput(f"--carry {text!r} is --out itself; give another folder")
     kept = _writable_folder(Path(text), "--carry")
-    restored = carry.restore(kept, out)
+    try:
+        restored = carry.restore(kept, out)
+    except OSError as err:
+        reason = err.strerror or type(err).__name__
+        raise _BadInput(f"--carry {text!r}: cannot restore it into --out ({reason})") from None
     if restored:
         print(f"[carry] {len(restored)} files restored from {kept} into {out}", file=sys.stderr)
     return kept

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from mcgpo.bench import carry as carry_module
-from mcgpo.bench import commands
+from mcgpo.bench import commands, study
 from mcgpo.bench.runner import DONE_MARKER, run_plans, run_status
 
 FILES = ["bench-done.json", "config.toml", "metrics.jsonl"]  # a fake run writes no eval.json
@@ -19,7 +19,7 @@ def _bench(monkeypatch, launcher, calls, *args):
             plans, parallel=parallel, launcher=launcher(calls), poll_seconds=0.01, on_done=on_done
         )
 
-    monkeypatch.setattr(commands, "run_plans", fake_run_plans)
+    monkeypatch.setattr(study, "run_plans", fake_run_plans)
     return commands.bench_main(["--algos", "graphgpo,mcgpo", "--model", "tiny", *map(str, args)])
 
 

@@ -80,7 +80,7 @@ def test_bench_two_algorithms_two_seeds_end_to_end(tmp_path):
 
 
 def test_warm_start_gets_only_the_keys_sft_takes():
-    from mcgpo.bench.commands import _warm_start_takes
+    from mcgpo.bench.study import _warm_start_takes
 
     for key in ("env.name", "env.max_turns", "rollout.history", "sft.demos", "corpus-episodes"):
         assert _warm_start_takes(key), key
@@ -107,7 +107,7 @@ def test_only_selects_labels_and_rejects_unknown_ones(capsys, monkeypatch):
 
     seen = {}
     monkeypatch.setattr(
-        commands, "_run", lambda cmd, args, variants: seen.setdefault(cmd, variants)
+        commands, "run_study", lambda cmd, args, variants: seen.setdefault(cmd, variants)
     )
     commands.sweep_main(["--only", "mcgpo/lambda_pair=3.0,mcgpo"])
     # declared order (the default first), not the order given
@@ -126,7 +126,7 @@ def test_sweep_values_and_a_graphgpo_baseline_make_a_dose_response(capsys, monke
     import mcgpo.bench.commands as commands
 
     seen = {}
-    monkeypatch.setattr(commands, "_run", lambda cmd, args, variants: seen.update(v=variants))
+    monkeypatch.setattr(commands, "run_study", lambda cmd, args, variants: seen.update(v=variants))
     commands.sweep_main(
         ["--params", "algo.lambda_pair", "--values", "1,3,10", "--baseline", "graphgpo"]
     )
@@ -213,7 +213,7 @@ def test_bad_seeds_set_and_model_are_one_line_and_exit_2(capsys, tmp_path):
 
 
 def test_set_model_goes_to_the_warm_start_only_and_train_keys_to_the_runs_only():
-    from mcgpo.bench.commands import _set_flags, _warm_start_takes
+    from mcgpo.bench.study import _set_flags, _warm_start_takes
 
     assert _warm_start_takes("model") and not _warm_start_takes("seed")
     runs, warm = _set_flags(["model=ckpt/sft", "env.max_turns=2", "train.lr=0.1"])

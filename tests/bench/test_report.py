@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-import mcgpo.bench.commands as commands
+import mcgpo.bench.study as study
 from mcgpo.bench.report import REPORT_NOTE, kept_header, write_results
 from mcgpo.bench.results import EvalPoint, RunResult
 from mcgpo.bench.runner import DONE_MARKER
@@ -44,8 +44,8 @@ def no_training(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("--report-only must not warm-start or train")
 
-    monkeypatch.setattr(commands, "run_plans", refuse)
-    monkeypatch.setattr(commands, "_warm_start", refuse)
+    monkeypatch.setattr(study, "run_plans", refuse)
+    monkeypatch.setattr(study, "_warm_start", refuse)
 
 
 def test_report_only_renders_the_finished_runs_and_keeps_the_header(tmp_path, capsys, no_training):

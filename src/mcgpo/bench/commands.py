@@ -1,12 +1,15 @@
 """``mcgpo bench``, ``mcgpo ablate`` and ``mcgpo sweep``: the comparison tables in one command.
 
-All three share one flow (see :mod:`mcgpo.bench.runner`): warm start once, run every
+All three share one flow (:mod:`mcgpo.bench.study`, on :mod:`mcgpo.bench.runner`): warm
+start once, run every
 (variant, seed) as its own process from the same warm-started policy, then aggregate the
 evaluations into ``results.md`` (mean ± SD over seeds, and each method's paired difference
 against GraphGPO, or the first method, with its 95 % paired t-interval and minimum detectable
-effect), plots and the raw points. With ``--report-only`` they only re-render ``results.md``
-from the finished runs in ``--out`` (:mod:`mcgpo.bench.report`), and with ``--sequential
-16,24,32,40`` add the group-sequential look at integrated success (docs/sequential.md).
+effect), plots and the raw points. With ``--report-only`` they only re-render ``results.md``,
+``evals.jsonl`` and the plots from the finished runs in ``--out`` (:mod:`mcgpo.bench.report`),
+and with ``--sequential 16,24,32,40`` add the group-sequential looks at integrated success
+(docs/sequential.md). With ``--carry DIR`` the study is kept in DIR as it runs
+(:mod:`mcgpo.bench.carry`).
 
 * ``bench``: the methods named by ``--algos`` with their default options.
 * ``ablate``: MCGPO's controls (seed 000, "Factorial controls"): opposite-fold vs same-fold
@@ -22,30 +25,14 @@ from the finished runs in ``--out`` (:mod:`mcgpo.bench.report`), and with ``--se
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import os
-import platform
 import sys
-import tempfile
-from collections.abc import Callable, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 from typing import NoReturn
 
-from mcgpo.bench import carry
-from mcgpo.bench.report import report_finished, write_results
-from mcgpo.bench.runner import (
-    RunPlan,
-    Variant,
-    cli_command,
-    default_parallel,
-    load_run_result,
-    plan_runs,
-    run_plans,
-)
-from mcgpo.bench.sequential import look_fractions
-from mcgpo.training.run_commands import COMMANDS
+from mcgpo.bench.runner import Variant, default_parallel
+from mcgpo.bench.study import run_study, split_items
 
-__all__ = ["ABLATIONS", "BENCH_SETS", "SWEEP", "ablate_main", "bench_main", "sweep_main"]
+__all__ = ["ABLATIONS", "SWEEP", "ablate_main", "bench_main", "sweep_main"]
 
 ABLATIONS: tuple[Variant, ...] = (
     Variant("graphgpo", ("--algo.name", "graphgpo")),
@@ -131,9 +118,9 @@ def _parser(prog: str, description: str) -> argparse.ArgumentParser:
     p.add_argument(
         "--report-only",
         action="store_true",
-        help="no warm start, no training: re-render results.md from the runs of this command "
-        "line that finished in --out (their metrics.jsonl; a folder saved by "
-        "scripts/bench_carry.py will do), keeping its header; plots and evals.jsonl stay",
+        help="no warm start, no training: re-render results.md (keeping its header), "
+        "evals.jsonl and the plots from the runs of this command line that finished in --out "
+        "(their metrics.jsonl; a folder kept by --carry or scripts/bench_carry.py will do)",
     )
     p.add_argument(
         "--sequential",
@@ -164,19 +151,19 @@ def bench_main(argv: Sequence[str] | None = None) -> int:
     args = _parse(p, argv)
     from mcgpo.training.algorithms import ALGORITHMS
 
-    algos = _split(args.algos, "--algos")
+    algos = split_items(args.algos, "--algos")
     unknown = [a for a in algos if a not in ALGORITHMS]
     if unknown:
         p.error(f"unknown algorithm {unknown[0]!r}; known: {', '.join(ALGORITHMS)}")
     variants = [Variant(a, ("--algo.name", a)) for a in algos]
-    return _run("bench", args, variants)
+    return run_study("bench", args, variants)
 
 
 def ablate_main(argv: Sequence[str] | None = None) -> int:
     p = _parser("mcgpo ablate", "MCGPO's factorial controls, in the bench table's format.")
     p.add_argument("--only", default="", help="comma-separated labels to run (default: all)")
     args = _parse(p, argv)
-    return _run("ablate", args, _only(p, args.only, list(ABLATIONS), "ablation"))
+    return run_study("ablate", args, _only(p, args.only, list(ABLATIONS), "ablation"))
 
 
 def _only(
@@ -185,7 +172,7 @@ def _only(
     """The variants named by ``--only`` (all when empty), in their declared order."""
     if not only:
         return variants
-    wanted = _split(only, "--only")
+    wanted = split_items(only, "--only")
     labels = [v.label for v in variants]
     unknown = [w for w in wanted if w not in labels]
     if unknown:
@@ -199,7 +186,7 @@ def sweep_main(argv: Sequence[str] | None = None) -> int:
     p.add_argument(
         "--only",
         default="",
-        help="comma-separated labels to run, e.g. mcgpo,mcgpo/lambda_pair=0.3 (default: all)",
+        help="comma-separated labels to run, e.g. mcgpo,mcgpo/lambda_pair=3.0 (default: all)",
     )
     p.add_argument(
         "--values",
@@ -215,7 +202,7 @@ def sweep_main(argv: Sequence[str] | None = None) -> int:
         help="also run this method, the paired differences' baseline (default: none)",
     )
     args = _parse(p, argv)
-    keys = _split(args.params, "--params")
+    keys = split_items(args.params, "--params")
     for key in keys:
         if key not in SWEEP:
             p.error(f"unknown sweep parameter {key!r}; known: {', '.join(SWEEP)}")
@@ -223,7 +210,7 @@ def sweep_main(argv: Sequence[str] | None = None) -> int:
     if args.values:
         if len(keys) != 1:
             p.error(f"--values needs exactly one parameter in --params, got {len(keys)}")
-        points = {keys[0]: tuple(_split(args.values, "--values"))}
+        points = {keys[0]: tuple(split_items(args.values, "--values"))}
     else:
         variants.append(Variant("mcgpo", ("--algo.name", "mcgpo")))
         points = {key: SWEEP[key][1:] for key in keys}
@@ -235,7 +222,7 @@ def sweep_main(argv: Sequence[str] | None = None) -> int:
                     ("--algo.name", "mcgpo", f"--{key}", value),
                 )
             )
-    return _run("sweep", args, _only(p, args.only, variants, "sweep point"))
+    return run_study("sweep", args, _only(p, args.only, variants, "sweep point"))
 
 
 def _parse(p: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
@@ -244,221 +231,3 @@ def _parse(p: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.N
     args = p.parse_args(given)
     args.argv = given
     return args
-
-
-def _split(text: str, flag: str) -> list[str]:
-    items = [x.strip() for x in text.split(",") if x.strip()]
-    if not items:
-        print(f"mcgpo: error: {flag} is empty", file=sys.stderr)
-        raise SystemExit(2)
-    return items
-
-
-class _BadInput(Exception):
-    """A bad benchmark option; reported as one line with exit code 2."""
-
-
-# Run options the benchmark sets on each run itself; `--set` of one is an error that names
-# the benchmark's own option for it.
-BENCH_SETS: dict[str, str] = {
-    "out": "use --out",
-    "seed": "use --seeds",
-    "threads": "they follow --parallel",
-    "progress": "runs log to bench.log",
-    "resume": "a half-finished run is resumed by itself",
-}
-
-
-def _run(command: str, args: argparse.Namespace, variants: Sequence[Variant]) -> int:
-    try:
-        seeds = _seeds(args.seeds)
-        extra, warm_extra = _set_flags(args.set)
-        looks = _looks(args.sequential)
-        if looks and not args.report_only:
-            raise _BadInput("--sequential needs --report-only (a look reads finished runs)")
-        if args.carry is not None and args.report_only:
-            raise _BadInput(
-                "--carry runs a study; to report from a carried folder, give it as --out"
-            )
-        if args.report_only:
-            out = Path(args.out or f"runs/{command}-{Path(args.preset).stem}")
-            return report_finished(command, args.argv, out, variants, seeds, looks)
-        if args.model is not None and "--model" in warm_extra:
-            raise _BadInput("give --model (no warm start) or --set model (warm-start it), not both")
-        if args.model is not None and args.model != "tiny" and not Path(args.model).is_dir():
-            raise _BadInput(f"--model {args.model!r}: folder not found")
-        out = _writable_folder(Path(args.out or f"runs/{command}-{Path(args.preset).stem}"))
-        kept = _carry_folder(args.carry, out)
-    except _BadInput as err:
-        print(f"mcgpo {command}: error: {err}", file=sys.stderr)
-        return 2
-    common = ["--preset", args.preset]
-    parallel = max(1, args.parallel)
-    threads = max(1, (os.cpu_count() or 1) // parallel)
-    model = args.model
-    if model is None:
-        model = _warm_start(command, out / "warmstart", [*common, *warm_extra])
-        if model is None:
-            return 1
-        if kept is not None:
-            carry.carry_warm_start(out, kept)
-    plans = plan_runs(
-        variants, seeds, out, common=[*common, *extra, "--model", model], threads=threads
-    )
-    print(f"[{command}] {len(plans)} runs, {parallel} at once, in {out / 'runs'}", file=sys.stderr)
-    on_done = None if kept is None else _carrier(command, out, kept)
-    codes = run_plans(plans, parallel=parallel, on_done=on_done)
-    failed = [str(f) for f, c in codes.items() if c != 0]
-    finished = [p for p in plans if codes.get(p.folder) == 0]
-    if not finished:
-        print(f"mcgpo {command}: no run finished; see the bench.log files", file=sys.stderr)
-        return 1
-    runs = [load_run_result(p.variant.label, p.seed, p.folder) for p in finished]
-    header = [
-        f"Command: `mcgpo {command} {' '.join(args.argv)}`".rstrip(),
-        f"Preset: `{args.preset}`; seeds: {', '.join(map(str, seeds))}; "
-        f"machine: {platform.machine()} {os.cpu_count()} cores, {platform.system()}; "
-        f"date: {dt.date.today().isoformat()}.",
-    ]
-    if failed:
-        header.append(f"Runs that failed and are left out: {', '.join(failed)}.")
-    write_results(command, out, runs, header)
-    if kept is not None:
-        try:
-            carry.save(out, kept)
-        except OSError as err:
-            reason = err.strerror or type(err).__name__
-            print(f"mcgpo {command}: error: could not carry to {kept} ({reason})", file=sys.stderr)
-            return 1
-        print(f"[{command}] carried to {kept}", file=sys.stderr)
-    return 0 if not failed else 1
-
-
-def _seeds(text: str) -> list[int]:
-    try:
-        return [int(s) for s in _split(text, "--seeds")]
-    except ValueError:
-        raise _BadInput(f"--seeds must be integers, got {text!r}") from None
-
-
-def _looks(text: str) -> list[int]:
-    """``--sequential``'s looks (empty when not given), checked: whole, >= 2, increasing."""
-    if not text:
-        return []
-    try:
-        looks = [int(s) for s in _split(text, "--sequential")]
-    except ValueError:
-        raise _BadInput(f"--sequential must be integers, got {text!r}") from None
-    try:
-        look_fractions(looks)
-    except ValueError as err:
-        raise _BadInput(f"--sequential: {err}") from None
-    return looks
-
-
-def _set_flags(items: Sequence[str]) -> tuple[list[str], list[str]]:
-    """The ``--set KEY=VALUE`` items as flags for the training runs and for the warm start.
-
-    ``model`` goes to the warm start only (the policy it fine-tunes; the runs start from the
-    warm-started one); keys the warm start (``mcgpo sft``) does not take go to the runs only.
-    """
-    runs, warm = [], []
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise _BadInput(f"--set expects KEY=VALUE, got {item!r}")
-        name = key.replace("-", "_")
-        if name in BENCH_SETS:
-            raise _BadInput(f"--set {key}: the benchmark sets it for each run ({BENCH_SETS[name]})")
-        if name != "model":
-            runs += [f"--{key}", value]
-        if _warm_start_takes(key):  # e.g. env.name: the warm start must see the same env
-            warm += [f"--{key}", value]
-    return runs, warm
-
-
-def _writable_folder(folder: Path, flag: str = "--out") -> Path:
-    """``folder``, created if missing; a one-line error naming ``flag`` if it cannot be
-    created or written."""
-    if folder.exists() and not folder.is_dir():
-        raise _BadInput(f"{flag} {str(folder)!r} is a file, not a folder")
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=folder):
-            pass
-    except OSError as err:
-        reason = err.strerror or type(err).__name__
-        raise _BadInput(
-            f"{flag} {str(folder)!r}: cannot create or write the folder ({reason})"
-        ) from None
-    return folder
-
-
-def _carry_folder(text: str | None, out: Path) -> Path | None:
-    """``--carry``'s folder (created, checked writable), restored into ``out``; None without."""
-    if text is None:
-        return None
-    if Path(text).resolve() == out.resolve():
-        raise _BadInput(f"--carry {text!r} is --out itself; give another folder")
-    kept = _writable_folder(Path(text), "--carry")
-    try:
-        restored = carry.restore(kept, out)
-    except OSError as err:
-        reason = err.strerror or type(err).__name__
-        raise _BadInput(f"--carry {text!r}: cannot restore it into --out ({reason})") from None
-    if restored:
-        print(f"[carry] {len(restored)} files restored from {kept} into {out}", file=sys.stderr)
-    return kept
-
-
-def _carrier(command: str, out: Path, kept: Path) -> Callable[[RunPlan], None]:
-    """``run_plans``' ``on_done`` for ``--carry``: copy the finished run into ``kept``. A copy
-    that fails (a full or vanished disk) is reported in one line and does not stop the runs
-    still going: the run stays finished in ``--out``, and the save at the end tries again."""
-
-    def carry_one(plan: RunPlan) -> None:
-        try:
-            carry.carry_run(plan.folder, out, kept)
-        except OSError as err:
-            reason = err.strerror or type(err).__name__
-            print(
-                f"[{command}] could not carry {plan.folder.name} to {kept} ({reason}); "
-                "it stays in --out and is carried again at the end",
-                file=sys.stderr,
-            )
-
-    return carry_one
-
-
-def _warm_start(command: str, warm: Path, flags: Sequence[str]) -> str | None:
-    """The warm-started model folder (made by ``mcgpo sft`` unless it exists); None if the
-    warm start failed (reported on stderr)."""
-    model = warm / "model"
-    if model.exists():
-        return str(model)
-    print(f"[{command}] warm start -> {warm}", file=sys.stderr)
-    # the warm start is one process alone: it gets every core
-    codes = run_plans([_warm_plan(warm, flags, max(1, os.cpu_count() or 1))], parallel=1)
-    if codes[warm] != 0:
-        print(f"mcgpo {command}: warm start failed, see {warm / 'bench.log'}", file=sys.stderr)
-        return None
-    return str(model)
-
-
-def _warm_start_takes(key: str) -> bool:
-    """Whether ``mcgpo sft`` accepts the ``--set`` key (env.*, rollout.*, sft.*, eval.*, and
-    the run options it has, e.g. corpus-episodes and model); train-only keys and those the
-    benchmark sets itself (:data:`BENCH_SETS`) stay out of it."""
-    sft = COMMANDS["sft"]
-    section, dot, _ = key.partition(".")
-    if dot:
-        return section in sft.sections
-    name = key.replace("-", "_")
-    return name in sft.tops and name not in BENCH_SETS
-
-
-def _warm_plan(warm: Path, common: Sequence[str], threads: int) -> RunPlan:
-    argv = cli_command(
-        "sft", *common, "--out", str(warm), "--threads", str(threads), "--progress", "false"
-    )
-    return RunPlan(Variant("warmstart", ()), 0, warm, tuple(argv))

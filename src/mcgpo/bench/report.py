@@ -3,7 +3,7 @@
 :func:`write_results` is the last step of ``mcgpo bench`` / ``ablate`` / ``sweep``.
 :func:`report_finished` is their ``--report-only`` mode: it reads the finished runs
 (``runs/<label>-s<seed>/`` with ``bench-done.json``; the metrics are enough, so a folder
-carried by ``scripts/bench_carry.py`` will do) and re-renders ``results.md``, ``evals.jsonl``
+kept by ``--carry`` or ``scripts/bench_carry.py`` will do) and re-renders ``results.md``, ``evals.jsonl``
 and the plots from those runs without a warm start or any training, e.g. after the table's
 statistics changed (issue 35), or to read a study run one seed per command as a whole. With
 looks given (``--sequential 16,24,32,40``) it adds :func:`sequential_section`, the

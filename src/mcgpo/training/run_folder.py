@@ -7,9 +7,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from mcgpo.training.algorithms import ALGORITHMS
 from mcgpo.training.checkpoint import latest_checkpoint
 from mcgpo.training.config import ConfigError, RunConfig
 from mcgpo.training.config_layout import flatten, from_dict
+from mcgpo.training.presets import load_preset
 
 __all__ = [
     "RESUMABLE",
@@ -71,8 +73,6 @@ def unused_algo_keys(name: str) -> set[str]:
     """The ``algo.*`` settings that algorithm ``name`` never reads: ``lambda_pair`` without a
     pair loss, ``shaping_coef`` without shaping. A default of one of them may change between
     releases (``lambda_pair``: 1.0 to 10.0, issue 35) without changing such a run."""
-    from mcgpo.training.algorithms import ALGORITHMS
-
     spec = ALGORITHMS.get(name)
     if spec is None:
         return set()
@@ -87,8 +87,6 @@ def unused_algo_keys(name: str) -> set[str]:
 def check_same_run(saved_path: Path, cfg: RunConfig) -> None:
     """A resumed run must use the saved settings, except the few in RESUMABLE and the
     algorithm's unused ones (:func:`unused_algo_keys`)."""
-    from mcgpo.training.presets import load_preset
-
     if not saved_path.is_file():
         raise ConfigError(f"--resume: {str(saved_path)!r} is missing")
     saved = flatten(from_dict(load_preset(str(saved_path))))

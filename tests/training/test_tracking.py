@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 from pathlib import Path
 
 import pytest
@@ -107,14 +108,24 @@ def test_tensorboard_is_the_default_also_in_the_smoke_preset(smoke_args, tmp_pat
 
 # ---------------------------------------------------------------- W&B (offline)
 def wandb_records(run_dir: Path) -> list[tuple[str, object]]:
-    """The records of an offline W&B run (``run-<id>.wandb``): W&B's transaction log is
-    LevelDB's log format (32 KiB blocks; each chunk a 7-byte header: CRC, length, type 1 =
-    whole, 2/3/4 = first/middle/last) after a 7-byte file header; each record a protobuf
-    ``Record``. The SDK no longer ships a Python reader."""
+    """The records of an offline W&B run (``run-<id>.wandb``), once its ``exit`` record (the
+    last one written) is there: W&B's service may still be writing the log when
+    ``finish()`` returns on a busy machine, so this waits for it (generously)."""
+    (path,) = run_dir.glob("run-*.wandb")
+    deadline = time.monotonic() + 120
+    records = parse_wandb_log(path.read_bytes())
+    while not any(kind == "exit" for kind, _ in records) and time.monotonic() < deadline:
+        time.sleep(0.5)
+        records = parse_wandb_log(path.read_bytes())
+    return records
+
+
+def parse_wandb_log(raw: bytes) -> list[tuple[str, object]]:
+    """W&B's transaction log is LevelDB's log format (32 KiB blocks; each chunk a 7-byte
+    header: CRC, length, type 1 = whole, 2/3/4 = first/middle/last) after a 7-byte file
+    header; each record a protobuf ``Record``. The SDK no longer ships a Python reader."""
     from wandb.proto import wandb_internal_pb2
 
-    (path,) = run_dir.glob("run-*.wandb")
-    raw = path.read_bytes()
     assert raw[:4] == b":W&B"
     block, pos, parts, records = 32768, 7, [], []
     while pos + 7 <= len(raw):
@@ -126,6 +137,8 @@ def wandb_records(run_dir: Path) -> list[tuple[str, object]]:
         if length == 0 and kind == 0:  # zero padding
             pos += left
             continue
+        if pos + 7 + length > len(raw):  # a chunk still being written
+            break
         parts.append(raw[pos + 7 : pos + 7 + length])
         pos += 7 + length
         if kind in (1, 4):
@@ -133,7 +146,8 @@ def wandb_records(run_dir: Path) -> list[tuple[str, object]]:
             record.ParseFromString(b"".join(parts))
             parts = []
             which = record.WhichOneof("record_type")
-            records.append((which, getattr(record, which)))
+            if which is not None:
+                records.append((which, getattr(record, which)))
     return records
 
 

@@ -300,12 +300,15 @@ def test_trainer_advantage_step_writes_mcgpos_weights(monkeypatch):
     monkeypatch.setattr(trainer_module.tq, "kv_batch_get", kv_batch_get)
     monkeypatch.setattr(trainer_module.tq, "kv_batch_put", kv_batch_put)
     config = OmegaConf.create({
-        "actor_rollout_ref": {"rollout": {"n": 4, "calculate_log_probs": True}},
+        "actor_rollout_ref": {"rollout": {"n": 4, "calculate_log_probs": True},
+                              "actor": {"ppo_mini_batch_size": 2}},
         "algorithm": {"rollout_correction": {"rollout_is": "token", "rollout_is_threshold": 2.0}},
         "mcgpo": {"env": {"name": "household"}, "algo": {"name": "grpo"}},
     })  # fmt: skip
     batch = FakeBatch(keys=[f"k{i}" for i in range(len(records))], partition_id="train")
     trainer = trainer_module.McgpoTrainer.__new__(trainer_module.McgpoTrainer)
+    trainer.config, trainer.global_steps = config, 1
+    trainer._failed_updates, trainer._max_failed_updates, trainer._first_error = 0, 3, ""
     trainer.mcgpo = plugin_config(config)
     trainer._correction = rollout_correction(config)
     trainer._dp_size = lambda: 1

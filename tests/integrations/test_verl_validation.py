@@ -25,11 +25,11 @@ def test_validation_metrics_by_hand():
     from mcgpo.integrations.verl.validation import episode_info, validation_metrics
 
     episodes = [
-        episode_info(success=1.0, score=0.9, errored=False, turns=3, valid_actions=2,
+        episode_info(success=1.0, score=0.9, errored=False, turns=3, valid_turns=2,
                      task_type="pick"),
-        episode_info(success=0.0, score=0.2, errored=False, turns=5, valid_actions=5,
+        episode_info(success=0.0, score=0.2, errored=False, turns=5, valid_turns=5,
                      task_type="clean"),
-        episode_info(success=0.0, score=0.0, errored=True, turns=1, valid_actions=0,
+        episode_info(success=0.0, score=0.0, errored=True, turns=1, valid_turns=0,
                      task_type="pick"),
     ]  # fmt: skip
     infos = {key: [e[key] for e in episodes] for key in episodes[0]}
@@ -117,7 +117,7 @@ def test_the_trainer_adds_eval_metrics_to_verls_and_warns_of_errored_episodes(ca
     from mcgpo.integrations.verl.validation import episode_info
 
     episodes = [
-        episode_info(success=s, score=s, errored=e, turns=2, valid_actions=2, task_type="t")
+        episode_info(success=s, score=s, errored=e, turns=2, valid_turns=2, task_type="t")
         for s, e in [(1.0, False), (0.0, False), (0.0, True)]
     ]  # fmt: skip
     infos = {key: [e[key] for e in episodes] for key in episodes[0]}

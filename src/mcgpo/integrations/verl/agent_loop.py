@@ -355,7 +355,7 @@ class McgpoEnvAgentLoop(AgentLoopBase):
         # the episode's outcome for validation's eval/* (validation.py)
         last["reward_extra_info"] = episode_info(
             success=success, score=score, errored=errored, turns=len(outputs),
-            valid_actions=sum(bool(o.extra_fields["action_valid"]) for o in outputs),
+            valid_turns=sum(bool(o.extra_fields["action_valid"]) for o in outputs),
             task_type=str(first.task_type or ""),
         )  # fmt: skip
         if errored:

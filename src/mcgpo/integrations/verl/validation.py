@@ -24,17 +24,18 @@ import numpy as np
 __all__ = ["EPISODE_KEYS", "episode_info", "validation_metrics"]
 
 # the reward_extra_info keys of one episode (numbers, except task_type)
-EPISODE_KEYS = ("success", "score", "errored", "turns", "valid_actions", "task_type")
+EPISODE_KEYS = ("success", "score", "errored", "turns", "valid_turns", "task_type")
 
 
 def episode_info(
-    *, success: float, score: float, errored: bool, turns: int, valid_actions: int,
+    *, success: float, score: float, errored: bool, turns: int, valid_turns: int,
     task_type: str,
 ) -> dict[str, Any]:  # fmt: skip
-    """One trajectory's ``reward_extra_info``: outcome, turns and valid actions."""
+    """One trajectory's ``reward_extra_info``: outcome, turns, turns with a valid action
+    (verl also logs each key's mean as ``val-aux/<data source>/<key>/mean@N``)."""
     return {
         "success": float(success), "score": float(score), "errored": float(bool(errored)),
-        "turns": float(turns), "valid_actions": float(valid_actions), "task_type": str(task_type),
+        "turns": float(turns), "valid_turns": float(valid_turns), "task_type": str(task_type),
     }  # fmt: skip
 
 
@@ -65,7 +66,7 @@ def validation_metrics(
     out["eval/success"] = float(column("success")[ok].mean())
     out["eval/score"] = float(column("score")[ok].mean())
     out["eval/turns"] = float(turns[ok].mean())
-    out["eval/valid_actions"] = float(column("valid_actions")[ok].sum() / turns[ok].sum())
+    out["eval/valid_actions"] = float(column("valid_turns")[ok].sum() / turns[ok].sum())
     types_given = list(infos.get("task_type", ()))
     types = np.asarray(
         [str(types_given[i] or "") if i < len(types_given) else "" for i in rows], dtype=object

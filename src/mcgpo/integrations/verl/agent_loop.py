@@ -52,7 +52,13 @@ The loop returns one :class:`AgentLoopOutput` per environment step; its ``extra_
 hold that step's StepTable fields (:data:`mcgpo.integrations.verl.batch.STEP_FIELDS`),
 with ``success`` and ``score`` the trajectory's, set when it ends. The final output's
 ``reward_score`` is the trajectory's return (verl copies it to the other outputs; mcgpo's
-estimators read the per-step ``reward`` field instead).
+estimators read the per-step ``reward`` field instead), its ``reward_extra_info`` the
+episode's outcome for validation's ``eval/*`` (:func:`~mcgpo.integrations.verl.validation.
+episode_info`), and an errored trajectory's last output carries the error (``env_error``).
+
+**Trainers.** The loop refuses to be built under any verl trainer but the plugin's own
+(:func:`~mcgpo.integrations.verl.config.check_trainer`): under verl's own trainers it is
+the plugin's first code to run.
 """
 
 from __future__ import annotations

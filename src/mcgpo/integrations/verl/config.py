@@ -6,12 +6,15 @@ options live in their own block, in the TOML layout of mcgpo's run configs
 
     mcgpo:
       env: {name: alfworld, max_turns: 50, train_split: train, <env options>...}
-      rollout: {history: 2, response_format: auto, max_prompt_tokens: 2048}
+      rollout: {history: 2, response_format: auto}   # the rest is verl's (ROLLOUT_KEYS_IN_VERL)
       algo: {name: mcgpo, lambda_pair: 10.0, <estimator options>..., pairs: {...}}
       train: {max_failed_updates: 3}   # the only train key (max_failed_updates())
 
 Everything is checked by mcgpo's own options classes (:func:`resolve_algo`), with the group
-size N taken from verl's ``actor_rollout_ref.rollout.n``; an unknown key is a ConfigError.
+size N taken from verl's ``actor_rollout_ref.rollout.n``; an unknown key is a ConfigError,
+and so is a ``mcgpo.rollout`` key that verl governs (:data:`ROLLOUT_KEYS_IN_VERL`, the
+message naming verl's key). :func:`check_trainer` refuses every verl trainer and mode but
+the plugin's own; :func:`check_env` builds one environment with ``mcgpo.env``'s options.
 
 :func:`check_verl_config` refuses the verl settings the plugin would silently ignore or
 break (a critic, a KL penalty in the reward, an advantage estimator other than mcgpo's, the

@@ -2,8 +2,13 @@
 trainer with mcgpo's credit assignment, pair loss and pair-aware batch layout.
 
 * ``__init__`` checks the verl config against what the plugin honours
-  (:func:`mcgpo.integrations.verl.config.check_verl_config`): a setting it would silently
-  ignore is a one-line ConfigError before any worker starts.
+  (:func:`~mcgpo.integrations.verl.config.check_trainer`,
+  :func:`~mcgpo.integrations.verl.config.check_verl_config`) and builds one environment
+  (:func:`~mcgpo.integrations.verl.config.check_env`): a setting it would silently ignore
+  is a one-line ConfigError before any worker starts.
+* ``trainer_mode`` reads ``"sync"`` to verl's base trainer, which treats every other mode
+  as asynchronous: this trainer runs verl's synchronous replay buffer, batch sizes and
+  checkpoints.
 * ``on_init_end`` installs :func:`mcgpo.integrations.verl.loss.mcgpo_ppo_loss` on the actor
   with ``set_loss_fn`` (``lambda_pair`` from ``mcgpo.algo.lambda_pair``; 0 for algorithms
   without pairs).
@@ -28,6 +33,14 @@ trainer with mcgpo's credit assignment, pair loss and pair-aware batch layout.
   dynamic (``use_dynamic_bsz``), so verl's token-balanced split keeps rows ``2k, 2k+1``
   together; fixed micro-batches are contiguous, so an even ``ppo_micro_batch_size_per_gpu``
   does (the config check requires it).
+
+* ``_compute_advantage`` also writes ``mcgpo_mini_rows`` (the learned rows of each row's
+  mini-batch, the pair loss's normaliser), counts trajectories and errored ones, and warns
+  when every trajectory of the update errored (with the first error); ``_update_actor``
+  then takes no optimiser step, and ``mcgpo.train.max_failed_updates`` such updates in a
+  row stop the run.
+* ``_val_metrics_update`` adds mcgpo's ``eval/*`` to verl's validation metrics
+  (:mod:`mcgpo.integrations.verl.validation`).
 
 verl's synthetic padding rows (``is_padding`` tags) are left out of the StepTable.
 """

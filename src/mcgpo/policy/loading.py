@@ -42,6 +42,7 @@ __all__ = [
     "full_parameters",
     "full_weights",
     "holds_shards",
+    "hub_id_hint",
     "load_policy",
     "save_policy",
     "write_policy",
@@ -51,6 +52,19 @@ __all__ = [
 
 class PolicyLoadError(ValueError):
     """A policy folder cannot be loaded; the message names the folder and the problem."""
+
+
+def hub_id_hint(path: str | Path) -> str:
+    """For a missing folder named like a Hugging Face hub id (``owner/name``): the tail of
+    its error, saying that only a local folder loads (nothing is downloaded); else ``""``."""
+    text = str(path)
+    parts = text.split("/")
+    if len(parts) != 2 or not all(parts) or text.startswith((".", "~")):
+        return ""
+    return (
+        f"; pass a local folder: download the hub model first, e.g. `hf download {text} "
+        f"--local-dir models/{parts[1]}`, then --model models/{parts[1]} (no download here)"
+    )
 
 
 def load_policy(
@@ -70,7 +84,7 @@ def load_policy(
 
     folder = Path(path)
     if not folder.exists():
-        raise PolicyLoadError(f"policy folder {str(folder)!r} does not exist")
+        raise PolicyLoadError(f"policy folder {str(folder)!r} does not exist{hub_id_hint(path)}")
     if not folder.is_dir():
         raise PolicyLoadError(f"policy path {str(folder)!r} is not a folder")
     if not (folder / "config.json").is_file():

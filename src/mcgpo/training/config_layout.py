@@ -22,6 +22,7 @@ from mcgpo.training.config import ConfigError, RunConfig
 
 __all__ = [
     "OPTION_FIELDS",
+    "RECORD_TABLES",
     "SECTIONS",
     "coerce",
     "field_type",
@@ -33,6 +34,10 @@ __all__ = [
 
 
 SECTIONS = ("env", "rollout", "algo", "train", "eval", "sft")
+
+# Tables a run's config.toml holds beside the settings, skipped when it is read as a config:
+# ``[code]``, the code that ran (mcgpo.training.run_folder.code_version).
+RECORD_TABLES = ("code",)
 
 
 # Sections whose unknown keys are options of a component (estimator, environment), kept in
@@ -70,6 +75,8 @@ def from_dict(data: Mapping[str, Any], base: RunConfig | None = None, where: str
     sections: dict[str, Any] = {}
     known_top = {f.name: f for f in scalar_fields(RunConfig)}
     for key, value in data.items():
+        if key in RECORD_TABLES:
+            continue
         if key in SECTIONS:
             if not isinstance(value, Mapping):
                 raise ConfigError(f"{prefix}{key} must be a table")

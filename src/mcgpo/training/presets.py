@@ -24,7 +24,14 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-__all__ = ["available_presets", "load_preset", "parse_toml", "preset_command", "to_toml"]
+__all__ = [
+    "available_presets",
+    "comment_text",
+    "load_preset",
+    "parse_toml",
+    "preset_command",
+    "to_toml",
+]
 
 
 def available_presets() -> list[str]:
@@ -86,7 +93,7 @@ def to_toml(cfg: RunConfig, command: str = "") -> str:
         for part in path:
             table = table.setdefault(part, {})
         table[name] = value
-    lines = [f"# {_comment_text(command)}" if command else "# resolved mcgpo config"]
+    lines = [f"# {comment_text(command)}" if command else "# resolved mcgpo config"]
     if unset:
         lines.append(f"# left at their default of none: {', '.join(unset)}")
     try:
@@ -96,7 +103,7 @@ def to_toml(cfg: RunConfig, command: str = "") -> str:
     return "\n".join(lines) + "\n" + body
 
 
-def _comment_text(text: str) -> str:
+def comment_text(text: str) -> str:
     """``text`` with the characters a TOML comment may not hold (line breaks, other control
     characters but tab) written as Python escapes."""
     return "".join(

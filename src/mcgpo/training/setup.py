@@ -38,7 +38,6 @@ from mcgpo.training.build import (
     typed_env_options,
 )
 from mcgpo.training.checkpoint import (
-    atomic_write_text,
     latest_checkpoint,
     load_checkpoint,
     restore_rng,
@@ -55,7 +54,7 @@ from mcgpo.training.distributed import (
 )
 from mcgpo.training.engine import check_engine_installed, rollout_engine
 from mcgpo.training.metrics import MetricSinks, SilentSinks
-from mcgpo.training.run_folder import check_run_folder, writable_folder
+from mcgpo.training.run_folder import check_run_folder, writable_folder, write_run_config
 from mcgpo.training.runtime import apply_runtime, check_device
 
 __all__ = ["KINDS", "Run", "RunSetup", "prepare", "setup_run"]
@@ -108,8 +107,6 @@ def prepare(cfg: RunConfig, command: str = "", *, kind: str, world: World = SING
     folder (created, checked writable), ``config.toml`` (train and sft), runtime, policy.
     With several processes (``world``) every rank checks the folder before rank 0 writes.
     """
-    from mcgpo.training.presets import to_toml
-
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {', '.join(KINDS)}; got {kind!r}")
     check_device(cfg)
@@ -123,7 +120,7 @@ def prepare(cfg: RunConfig, command: str = "", *, kind: str, world: World = SING
     folder = writable_folder(cfg.out)
     barrier(world)  # every rank has checked the folder before rank 0 writes into it
     if kind != "eval" and world.main:
-        atomic_write_text(folder / "config.toml", to_toml(cfg, command))
+        write_run_config(folder, cfg, command)
     apply_runtime(cfg)
     model, tokenizer = load_model(cfg, make_env=make_env)
     return RunSetup(

@@ -65,7 +65,7 @@ def _flag(name: str) -> str:
 EVAL_HELP = {
     "model": "policy folder to evaluate (a run's DIR/model: the run's config.toml is the "
     "base), or 'tiny'",
-    "out": "folder eval.json is written to (default: the run folder)",
+    "out": "folder eval.json is written to (default: the run folder, else 'runs/run')",
     "seed": "seed of the evaluation's sampling (and of a 'tiny' model)",
     "preset": "preset name or TOML path; with a run folder its values may not change the "
     "run's tasks or prompts",
@@ -73,7 +73,14 @@ EVAL_HELP = {
 USAGE = {
     "eval": "mcgpo eval [--run DIR | --model DIR] [--KEY VALUE | --set KEY=VALUE ...]",
 }
-EVAL_HIDDEN = {"rollout.groups", "rollout.group_size", "rollout.temperature", "env.train_split"}
+EVAL_HIDDEN = {
+    "rollout.groups",
+    "rollout.group_size",
+    "rollout.temperature",
+    "rollout.vllm_sleep",
+    "env.train_split",
+    "eval.every",
+}
 
 
 def _add_field(group: Any, dest: str, f: Any, default: Any, command: str = "train") -> None:

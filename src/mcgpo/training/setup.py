@@ -38,7 +38,9 @@ from mcgpo.training.build import (
     typed_env_options,
 )
 from mcgpo.training.checkpoint import (
-    latest_checkpoint,
+    Checkpoint,
+    CheckpointError,
+    kept_checkpoints,
     load_checkpoint,
     restore_rng,
 )
@@ -86,6 +88,8 @@ class Run(RunSetup):
     updates_done: int  # updates completed
     task_cursor: int  # number of the next training task
     world: World = SINGLE  # this process's rank and the world size
+    # what setup has to say (a damaged checkpoint passed over); the loop prints it
+    notes: tuple[str, ...] = ()
     # what the update runs: ``model``; when W > 1 its DDP wrapper, or (train.sharding fsdp2)
     # a sharded copy whose steps ``model`` follows (a full replica for generation and saving),
     # or (train.fsdp_replica false) ``model`` itself sharded in place, which then only the
@@ -161,10 +165,9 @@ def setup_run(cfg: RunConfig, command: str = "", world: World = SINGLE) -> Run:
         ref_model = copy.deepcopy(model).eval().requires_grad_(False)
         ref_model = distributed_reference(ref_model, cfg.train.sharding, world)  # FSDP2
     updates_done, cursor = 0, cfg.seed * 1_000_000
-    checkpoint = latest_checkpoint(setup.folder) if cfg.resume else None
-    state = load_checkpoint(checkpoint) if checkpoint is not None else None
-    if state is not None:
-        model, _ = load_model(cfg, state.model_path)
+    state, notes = None, []
+    if cfg.resume:
+        state, model, notes = _usable_checkpoint(cfg, setup.folder)
         updates_done, cursor = state.update, state.task_cursor
     if cfg.train.gradient_checkpointing:
         model.gradient_checkpointing_enable()
@@ -196,7 +199,25 @@ def setup_run(cfg: RunConfig, command: str = "", world: World = SINGLE) -> Run:
         world=world,
         learner=learner,
         engine=engine,
+        notes=tuple(notes),
     )
+
+
+def _usable_checkpoint(cfg: RunConfig, folder: Path) -> tuple[Checkpoint, Any, list[str]]:
+    """The newest kept checkpoint that loads (its trainer state and model), and a note for
+    each newer one passed over as damaged; a ConfigError naming them if none loads."""
+    notes: list[str] = []
+    for path in kept_checkpoints(folder):
+        try:
+            state = load_checkpoint(path)
+            model, _ = load_model(cfg, state.model_path)
+        except (CheckpointError, ConfigError) as err:
+            notes.append(str(err))
+            continue
+        if notes:
+            notes.append(f"resuming from the previous kept checkpoint, {path.name}")
+        return state, model, notes
+    raise ConfigError(f"--resume: no usable checkpoint in {str(folder)!r}: " + "; ".join(notes))
 
 
 def _check_compilable(cfg: RunConfig, model: Any) -> None:

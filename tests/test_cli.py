@@ -54,7 +54,7 @@ def one_line_error(err: str) -> str:
         (["train", "--train.lr"], "mcgpo train: error: option --train.lr needs a value"),
         (
             ["train", "--algo.name", "ppo"],
-            "mcgpo train: error: unknown algorithm 'ppo'; known: ",
+            "mcgpo train: error: unknown algorithm 'ppo' (did you mean 'progpo'?); known: ",
         ),
         (
             ["train", "--algo.name", "grpo", "--algo.omega", "0.2"],
@@ -62,7 +62,8 @@ def one_line_error(err: str) -> str:
         ),
         (
             ["train", "--algo.pairs.kappaa", "2"],
-            "mcgpo train: error: unknown option --algo.pairs.kappaa for mcgpo; options: ",
+            "mcgpo train: error: unknown option --algo.pairs.kappaa for mcgpo (did you mean "
+            "'kappa'?); options: ",
         ),
         (["train", "--algo.omega"], "mcgpo train: error: option --algo.omega needs a value"),
         (
@@ -77,7 +78,7 @@ def one_line_error(err: str) -> str:
         ),
         (["train", "stray"], "mcgpo train: error: unexpected argument 'stray'"),
         (["fly"], "mcgpo: error: unknown command 'fly' (choose from sft, train, eval, bench"),
-        (["trian"], "mcgpo: error: unknown command 'trian'; did you mean 'train'?"),
+        (["trian"], "mcgpo: error: unknown command 'trian' (did you mean 'train'?)"),
         (
             [],
             "mcgpo: error: choose a command: sft, train, eval, bench, ablate, sweep, presets, "
@@ -212,5 +213,5 @@ def test_console_script_entry_point():
     )
     assert proc.returncode == 2
     assert proc.stderr.strip() == (
-        "mcgpo train: error: unknown option --train.lrr; did you mean '--train.lr'?"
+        "mcgpo train: error: unknown option --train.lrr (did you mean '--train.lr'?)"
     )

@@ -142,10 +142,10 @@ def _number_words(low: float | None, high: float | None, low_open: bool, high_op
 
 
 def did_you_mean(word: str, known: Collection[str]) -> str:
-    """``"; did you mean 'x'?"`` naming the closest of ``known`` to ``word`` (difflib's
+    """``" (did you mean 'x'?)"`` naming the closest of ``known`` to ``word`` (difflib's
     ratio >= 0.6), or ``""`` when none is close: the tail of an "unknown ..." error."""
     close = difflib.get_close_matches(word, list(known), n=1)
-    return f"; did you mean {close[0]!r}?" if close else ""
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 # ---------------------------------------------------------------------- text by field type

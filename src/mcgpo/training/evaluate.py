@@ -120,7 +120,8 @@ def run_eval(cfg: RunConfig, command: str = "") -> Table:
     Under torchrun (W > 1 processes, ``--nproc``) each rank plays a block of the held-out
     tasks (:func:`evaluate`); the result is the single process's, and rank 0 writes it."""
     with joined_world(cfg, kind="eval") as (cfg, world):
-        if world.main:
+        setup = prepare(cfg, command, kind="eval", world=world)
+        if world.main:  # checked and loaded: say what comes
             print(
                 f"[eval] {cfg.model} on {cfg.env.name}: {cfg.eval.tasks} held-out tasks of "
                 f"{cfg.eval.split} at T={cfg.eval.temperature}, {cfg.device}; eval.json -> "
@@ -128,7 +129,6 @@ def run_eval(cfg: RunConfig, command: str = "") -> Table:
                 file=sys.stderr,
                 flush=True,
             )
-        setup = prepare(cfg, command, kind="eval", world=world)
         stats = evaluate(setup, world, show=cfg.progress and world.main)
         if world.main:
             text = json.dumps({"command": command, "processes": world.size, **stats}, indent=2)

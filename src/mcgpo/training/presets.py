@@ -48,8 +48,12 @@ def _preset_text(name: str) -> tuple[str, str]:
         return path.read_text(encoding="utf-8"), str(path)
     resource = resources.files("mcgpo") / "presets" / f"{name}.toml"
     if not resource.is_file():
-        known = ", ".join(available_presets())
-        raise ConfigError(f"unknown preset {name!r}; known: {known}")
+        from mcgpo.options import did_you_mean
+
+        names = available_presets()
+        raise ConfigError(
+            f"unknown preset {name!r}{did_you_mean(name, names)}; known: {', '.join(names)}"
+        )
     return resource.read_text(encoding="utf-8"), f"preset {name}"
 
 

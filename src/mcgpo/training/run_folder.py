@@ -140,7 +140,10 @@ def fixed_changes(
     differ with it), then in alphabetical order."""
     keys = sorted(set(saved) | set(now), key=lambda k: (k != "algo.name", k))
     return [
-        f"{key} is {now.get(key)!r} but the run was started with {saved.get(key)!r}"
+        f"{key} is {now[key]!r} but the run was started "
+        + (f"with {saved[key]!r}" if key in saved else "without it")
+        if key in now
+        else f"{key} is unset but the run was started with {saved[key]!r}"
         for key in keys
         if not may_change(key) and saved.get(key) != now.get(key)
     ]

@@ -13,10 +13,10 @@ __all__ = ["CPU_EPISODES", "cpu_size_note", "train_start_line"]
 CPU_EPISODES = 5_000
 
 
-def train_start_line(cfg: RunConfig) -> str:
-    """``[train] mcgpo on household: 150 updates of 16x8 rollouts, ...`` (before setup)."""
+def train_start_line(cfg: RunConfig, updates_done: int = 0) -> str:
+    """``[train] mcgpo on household: 150 updates of 16x8 rollouts, ...``."""
     start = f"{cfg.train.updates} updates"
-    start = f"resuming, up to {start}" if cfg.resume else start
+    start = f"resuming after update {updates_done}, up to {start}" if cfg.resume else start
     every = f"every {cfg.eval.every} updates" if cfg.eval.every else "before and after"
     evaluation = f"eval on {cfg.eval.tasks} held-out tasks {every}" if cfg.eval.tasks else "no eval"
     return (

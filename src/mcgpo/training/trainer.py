@@ -65,11 +65,14 @@ def train(cfg: RunConfig, command: str = "") -> Table:
     update is DDP (:mod:`mcgpo.training.distributed`); rank 0 writes every file.
     """
     with joined_world(cfg) as (cfg, world):
-        if world.main:
-            _say(train_start_line(cfg), cpu_size_note(cfg))
         run = setup_run(cfg, command, world)
-        if world.main:
-            _say(*(f"[train] warning: {note}" for note in run.notes))
+        if world.main:  # the run is checked and built: say what comes
+            warnings = (f"[train] warning: {note}" for note in run.notes)
+            _say(
+                train_start_line(run.cfg, run.updates_done),
+                *warnings,
+                cpu_size_note(run.cfg, run.updates_done),
+            )
         try:
             return _train(run)
         finally:

@@ -188,7 +188,9 @@ def test_resolve_algo_fills_defaults_and_checks_options():
     assert algo.pairs == {}
     mc = resolve_algo(AlgoConfig(name="mcgpo", pairs={"kappa": "2"}), 6)
     assert mc.pairs["kappa"] == 2.0 and mc.pairs["group_size"] == 6
-    with pytest.raises(ConfigError, match=r"unknown algorithm 'ppo' \(did you mean 'progpo'\?\); known: "):
+    with pytest.raises(
+        ConfigError, match=r"unknown algorithm 'ppo' \(did you mean 'progpo'\?\); known: "
+    ):
         resolve_algo(AlgoConfig(name="ppo"), 8)
     with pytest.raises(ConfigError, match=r"unknown option --algo.omega for grpo; options: "):
         resolve_algo(AlgoConfig(name="grpo", estimator={"omega": 1}), 8)

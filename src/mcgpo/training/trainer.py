@@ -61,6 +61,18 @@ __all__ = ["train"]
 def train(cfg: RunConfig, command: str = "") -> Table:
     """Run (or resume) training as configured; return the before/after evaluation table.
 
+    The Python form of ``mcgpo train`` (``mcgpo.train``), with the same config objects::
+
+        cfg = mcgpo.load_config("household-smoke", **{"out": "runs/a", "train.lr": 1e-3})
+        print(mcgpo.train(cfg).render())
+        # go on to 4 updates: the run folder's config.toml as the preset
+        mcgpo.train(mcgpo.load_config("runs/a/config.toml", resume=True, **{"train.updates": 4}))
+
+    Everything the run writes is in ``cfg.out`` (``metrics.jsonl``, checkpoints, ``model/``,
+    ``config.toml``); ``command`` is recorded as its first line. A bad setting, model folder
+    or run folder raises :class:`~mcgpo.training.config.ConfigError` (one line) before any
+    model work.
+
     Under torchrun (W > 1 processes) each rank plays its block of whole groups and the
     update is DDP (:mod:`mcgpo.training.distributed`); rank 0 writes every file.
     """

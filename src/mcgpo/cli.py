@@ -7,8 +7,13 @@
   options are ``--algo.<option>`` (or ``--algo.<estimator>.<option>``: only for the
   algorithms that run that estimator) and MCGPO preference options
   ``--algo.pairs.<option>``, checked against the chosen algorithm; environment options are
-  ``--env.<option>``. Values
-  resolve as dataclass defaults < ``--preset`` < flags.
+  ``--env.<option>``. Every flag may also be given as ``--KEY=VALUE`` or
+  ``--set KEY=VALUE`` (as ``mcgpo bench`` takes them); ``--config`` is ``--preset``. Values
+  resolve as dataclass defaults < ``--preset`` < flags, with the run folder's
+  ``config.toml`` in place of the defaults for ``train --resume`` and for ``eval`` of a run
+  (``--run DIR``, or inferred from ``--model``/``--out``):
+  :mod:`mcgpo.training.overrides`. The runs themselves are library calls
+  (``mcgpo.train``, ``run_sft``, ``run_eval``): this module only parses and prints.
 * ``report``: the held-out success of run folders side by side.
 * ``presets``: the shipped presets, each with the command on its first line.
 * ``bench``, ``ablate``, ``sweep`` (:mod:`mcgpo.bench.commands`), ``alfworld-generate``
@@ -16,7 +21,8 @@
   extra) parse their own options.
 
 A bad command line (unknown option, bad value, unknown algorithm, missing model folder, no
-checkpoint to resume) prints one line on stderr and exits with code 2, never a traceback.
+checkpoint to resume) prints one line on stderr and exits with code 2, never a traceback;
+an unknown name gets the closest known one ("did you mean").
 """
 
 from __future__ import annotations

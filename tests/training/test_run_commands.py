@@ -98,13 +98,31 @@ def test_eval_help_is_in_evals_words(capsys):
 def test_train_says_what_it_runs_before_the_first_evaluation(micro_model, tmp_path, capsys):
     argv = ["train", "--preset", "household-smoke", "--model", str(micro_model), "--out",
             str(tmp_path / "run"), "--train.updates", "1", "--threads", "1"]  # fmt: skip
-    assert main(argv) == 0
+    assert main([*argv, "--progress", "true"]) == 0
+    err = capsys.readouterr().err
+    assert "eval:   0%|" in err and "0/2 [" in err  # a bar over each evaluation's episodes
+    assert main([*argv, "--out", str(tmp_path / "quiet")]) == 0
     lines = capsys.readouterr().err.splitlines()
     assert lines[0] == (
         f"[train] mcgpo on household: 1 updates of 2x4 rollouts, eval on 2 held-out tasks every "
-        f"1 updates; model {micro_model} on cpu; run folder {tmp_path / 'run'}"
+        f"1 updates; model {micro_model} on cpu; run folder {tmp_path / 'quiet'}"
     )
     assert lines[1] == "[train] evaluating the policy before training (2 tasks)"
+    assert all("%|" not in line for line in lines)  # --progress false (the preset's): no bars
+
+
+def test_code_version_names_the_commit_where_git_knows_it(monkeypatch):
+    import mcgpo
+    from mcgpo.training.run_folder import code_version
+
+    here = Path(mcgpo.__file__).parent
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True)
+    code = code_version()
+    assert code["version"] == mcgpo.__version__
+    if head.returncode == 0:  # a source checkout (CI, this repository)
+        assert code["commit"] == head.stdout.strip() and isinstance(code["dirty"], bool)
+    monkeypatch.setenv("PATH", "")  # no git: unknown, not an error
+    assert code_version()["commit"] is None and code_version()["dirty"] is None
 
 
 def test_a_bare_train_on_the_cpu_names_the_smaller_presets():

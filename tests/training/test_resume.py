@@ -120,16 +120,24 @@ def test_resume_reads_config_toml_keeps_the_command_and_follows_a_moved_folder(
     assert len(tomllib.loads((moved / "config.toml").read_text())["code"]["resumed"]) == 2
 
 
-def test_a_damaged_trainer_state_falls_back_to_the_previous_checkpoint(run, tmp_path, capsys):
+@pytest.mark.parametrize(
+    ("damaged", "says"),
+    [
+        ("trainer.pt", "'{path}' is damaged and cannot be read ("),
+        ("model/model.safetensors", "policy folder '{path}': cannot load the model ("),
+    ],
+)
+def test_a_damaged_checkpoint_falls_back_to_the_previous_one(run, tmp_path, capsys, damaged, says):
     out = tmp_path / "run"
     run(out, "--train.updates", "2")  # save_every 1 keeps update-000001 and update-000002
-    newest = out / "checkpoints" / "update-000002" / "trainer.pt"
+    newest = out / "checkpoints" / "update-000002" / damaged
     newest.write_bytes(newest.read_bytes()[:300])  # a write cut short
     capsys.readouterr()
     assert main(["train", "--resume", "--out", str(out), "--train.updates", "3"]) == 0
     err = capsys.readouterr().err
     assert "Traceback" not in err and "weights_only" not in err
-    assert f"[train] warning: '{newest}' is damaged and cannot be read (" in err
+    path = newest if damaged == "trainer.pt" else newest.parent
+    assert "[train] warning: " + says.format(path=path) in err
     assert "[train] warning: resuming from the previous kept checkpoint, update-000001" in err
     # the run went on from update 1: updates 2 and 3 were run again
     assert load_checkpoint(latest_checkpoint(out)).update == 3

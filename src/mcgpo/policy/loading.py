@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 
 __all__ = [
     "PolicyLoadError",
@@ -106,7 +107,7 @@ def load_policy(
             model = AutoModelForCausalLM.from_pretrained(
                 folder, local_files_only=True, dtype=dtype or torch.float32
             )
-    except (OSError, ValueError, KeyError) as err:
+    except (OSError, ValueError, KeyError, SafetensorError) as err:  # a damaged weights file too
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise PolicyLoadError(
             f"policy folder {str(folder)!r}: cannot load the model ({first})"

@@ -100,6 +100,7 @@ def write_run_config(folder: Path, cfg: RunConfig, command: str = "") -> None:
         first = comments[0] if comments else ""
         resumes = [c.removeprefix("resumed:").strip() for c in comments if c.startswith("resumed:")]
         saved_code = dict(parse_toml(text, str(path)).get("code", {}))
+        command = command or "mcgpo.train (Python)"
         resumed = [*saved_code.get("resumed", []), {"command": command, **code}]
         code = {**{k: v for k, v in saved_code.items() if k != "resumed"}, "resumed": resumed}
         resumes.append(command)

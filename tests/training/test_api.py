@@ -47,6 +47,8 @@ def test_train_runs_and_resumes_from_python(micro_model, tmp_path):
     more = mcgpo.load_config(str(out / "config.toml"), resume=True, **{"train.updates": 2})
     mcgpo.train(more)
     assert load_checkpoint(latest_checkpoint(out)).update == 2
+    lines = (out / "config.toml").read_text().splitlines()
+    assert lines[:2] == ["# resolved mcgpo config", "# resumed: mcgpo.train (Python)"]
 
 
 def test_a_hub_id_given_to_the_api_is_one_line(tmp_path):

@@ -144,14 +144,13 @@ def _check_runs(
     from mcgpo.training.overrides import resolve_command
 
     try:
-        if warm is not None:
-            cfg = resolve_command("sft", ["--preset", preset, *warm])
-            env_factory(cfg)  # builds one environment: its name and options are checked
+        configs = [resolve_command("sft", ["--preset", preset, *warm])] if warm is not None else []
         for variant in variants:
             cfg = resolve_command("train", ["--preset", preset, *extra, *variant.flags])
             resolve_algo(cfg.algo, cfg.rollout.group_size)
-            if warm is None:
-                env_factory(cfg)
+            configs.append(cfg)
+        if configs:  # one environment built: its name and options (the variants' are the same)
+            env_factory(configs[0])
     except ConfigError as err:
         raise _BadInput(str(err)) from None
 

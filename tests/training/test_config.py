@@ -60,13 +60,16 @@ def test_from_dict_applies_nested_values_and_estimator_options():
     ("data", "message"),
     [
         ({"lr": 1.0}, "unknown key 'lr'"),
-        ({"train": {"lrr": 1.0}}, "unknown key 'train.lrr'"),
+        ({"train": {"lrr": 1.0}}, "unknown key 'train.lrr' (did you mean 'train.lr'?)"),
         ({"train": 3}, "train must be a table"),
         ({"train": {"lr": "fast"}}, "train.lr: expected a number, got 'fast'"),
         ({"train": {"updates": 1.5}}, "train.updates: expected an integer, got 1.5"),
         ({"resume": "maybe"}, "resume: expected true or false, got 'maybe'"),
         ({"env": {"name": 3}}, "env.name: expected a string, got 3"),
-        ({"train": {"nested": {"x": 1}}}, "unknown key 'train.nested'"),
+        (
+            {"train": {"nested": {"x": 1}}},
+            "unknown key 'train.nested' (did you mean 'train.updates'?)",  # difflib's closest
+        ),
     ],
 )
 def test_from_dict_rejects_unknown_keys_and_bad_values(data, message):

@@ -234,6 +234,7 @@ def test_set_model_goes_to_the_warm_start_only_and_train_keys_to_the_runs_only()
         (["--set", "env.name=webshp"], "unknown environment 'webshp' (did you mean 'webshop'?)"),
         (["--set", "rollout.groups=0"], "rollout.groups must be >= 1, got 0"),
         (["--sed", "3"], "unrecognized argument --sed (did you mean '--seeds'?)"),
+        (["--set", "model=Qwen/Qwen3-8B"], "--set model=Qwen/Qwen3-8B: folder not found; pass a"),
     ],
 )
 def test_bad_presets_and_run_options_are_found_before_the_warm_start(

@@ -57,6 +57,9 @@ def test_eval_of_a_model_in_a_run_folder_uses_the_runs_config(trained, capsys):
     assert (cfg.eval.tasks, cfg.eval.split, cfg.env.max_turns) == (5, "train", 3)
     assert cfg.model == str(trained / "model") and cfg.out == str(trained)
     assert (cfg.rollout.history, cfg.rollout.response_format) == (1, "action")
+    # a checkpoint's model names its run too
+    checkpoint = trained / "checkpoints" / "update-000001" / "model"
+    assert resolve("eval", ["--model", str(checkpoint)]).eval.tasks == 1
     # --out DIR names the run too; --run none evaluates with the defaults
     assert resolve("eval", ["--out", str(trained)]).eval.tasks == 1
     bare = resolve("eval", ["--run", "none", "--model", str(trained / "model")])

@@ -148,6 +148,7 @@ def collect(
     options: CollectOptions,
     *,
     engine: Any = None,
+    on_turn: Callable[[int, int], None] | None = None,
 ) -> Rollout:
     """Play every task with ``options.group_size`` siblings; return the rows, tokens, stats.
 
@@ -160,6 +161,8 @@ def collect(
         engine: a rollout engine whose ``sample`` method takes the sampler's arguments less
             the model (:class:`~mcgpo.rollout.vllm_engine.VLLMEngine`); it samples instead
             of ``options.sampler``, with the same prompts, budget, stops and generators.
+        on_turn: called before each turn and at the end with (episodes finished, episodes
+            in all): the caller's progress display (nothing here prints).
     """
     if len(tasks) == 0:
         raise ValueError("tasks is empty: give at least one task seed")
@@ -185,6 +188,8 @@ def collect(
                 and not pool.errored[e]
                 and len(trajs[e].rows) < limits[e]
             ]
+            if on_turn is not None:
+                on_turn(n_env - len(live), n_env)
             if not live:
                 break
             _play_turn(sampling, pool, live, current, trajs, task_type, tally)

@@ -32,6 +32,7 @@ __all__ = [
     "Checkpoint",
     "CheckpointError",
     "atomic_write_text",
+    "kept_checkpoints",
     "latest_checkpoint",
     "load_checkpoint",
     "restore_rng",
@@ -145,17 +146,32 @@ def latest_checkpoint(run_folder: Path) -> Path | None:
     return path if (path / "trainer.pt").is_file() else None
 
 
+def kept_checkpoints(run_folder: Path) -> list[Path]:
+    """The checkpoints a run folder keeps, newest first, from the one ``latest`` names."""
+    latest = latest_checkpoint(run_folder)
+    if latest is None:
+        return []
+    kept = sorted(p for p in latest.parent.iterdir() if p.name.startswith("update-"))
+    return [p for p in reversed(kept) if p.name <= latest.name and p.is_dir()]
+
+
 def load_checkpoint(path: Path) -> Checkpoint:
-    """Read ``trainer.pt`` of a checkpoint folder (the model is loaded by the caller)."""
+    """Read ``trainer.pt`` of a checkpoint folder (the model is loaded by the caller); a
+    file that cannot be read is a one-line CheckpointError naming it."""
     path = Path(path)
     file = path / "trainer.pt"
     if not file.is_file():
         raise CheckpointError(f"no checkpoint in {str(path)!r} (trainer.pt missing)")
-    payload = torch.load(file, map_location="cpu", weights_only=True)
-    return Checkpoint(
-        path=path,
-        update=int(payload["update"]),
-        task_cursor=int(payload["task_cursor"]),
-        optimizer=payload["optimizer"],
-        rng=payload["rng"],
-    )
+    try:
+        payload = torch.load(file, map_location="cpu", weights_only=True)
+        return Checkpoint(
+            path=path,
+            update=int(payload["update"]),
+            task_cursor=int(payload["task_cursor"]),
+            optimizer=payload["optimizer"],
+            rng=payload["rng"],
+        )
+    except Exception as err:  # torch's errors on a damaged file are many and long
+        raise CheckpointError(
+            f"{str(file)!r} is damaged and cannot be read ({type(err).__name__})"
+        ) from None

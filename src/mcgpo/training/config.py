@@ -386,7 +386,11 @@ class RunConfig:
     seed: int = _opt(0, "seed of everything (tasks, sampling, model init)")
     threads: int = _opt(0, "torch CPU threads; 0 = torch's default")
     deterministic: bool = _opt(False, "torch deterministic algorithms (bit-identical resume)")
-    resume: bool = _opt(False, "continue the run in --out from its latest checkpoint")
+    resume: bool = _opt(
+        False,
+        "continue the run in --out from its latest checkpoint; its config.toml is the base, "
+        "so give only what changes (e.g. --train.updates)",
+    )
     save_rollouts: bool = _opt(False, "save each update's StepTable as Parquet")
     tensorboard: bool = _opt(
         True, "write TensorBoard event files (false: as if report_to left tensorboard out)"

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 from typing import Any
 
 import numpy as np
@@ -32,7 +33,7 @@ from mcgpo.training.distributed import (
     rank_block,
     union_tables,
 )
-from mcgpo.training.metrics import Table
+from mcgpo.training.metrics import ProgressBar, Table
 from mcgpo.training.setup import RunSetup, prepare
 
 __all__ = ["episode_summary", "evaluate", "run_eval"]
@@ -70,14 +71,17 @@ def episode_summary(table: StepTable, prefix: str) -> dict[str, float]:
     return out
 
 
-def evaluate(setup: RunSetup, world: World = SINGLE, *, engine: Any = None) -> dict[str, float]:
+def evaluate(
+    setup: RunSetup, world: World = SINGLE, *, engine: Any = None, show: bool = False
+) -> dict[str, float]:
     """One episode per held-out task at ``eval.temperature`` with the policy of ``setup`` (as
     it is now); returns ``eval/*`` metrics (empty when ``eval.tasks`` is 0). ``engine``: a
     rollout engine that holds the policy's weights samples instead of mcgpo's sampler (a
     training run whose policy is sharded, ``train.fsdp_replica false``).
 
     With W > 1 processes each rank plays a contiguous block of the held-out tasks; the
-    StepTables are gathered and every rank returns the metrics of their union."""
+    StepTables are gathered and every rank returns the metrics of their union. ``show``: a
+    progress bar over the episodes on stderr (this rank's)."""
     cfg = setup.cfg
     if cfg.eval.tasks == 0:
         return {}
@@ -94,10 +98,18 @@ def evaluate(setup: RunSetup, world: World = SINGLE, *, engine: Any = None) -> d
     # each episode's sampling stream follows its global index, whichever rank plays it
     options = dataclasses.replace(options, group_offset=block.start)
     table = None
+    bar = ProgressBar(len(tasks), enabled=show, desc="eval", unit="episode", leave=False)
     if tasks:  # a rank can have no task when there are fewer tasks than ranks
         table = collect(
-            setup.model, setup.tokenizer, setup.make_env, tasks, options, engine=engine
+            setup.model,
+            setup.tokenizer,
+            setup.make_env,
+            tasks,
+            options,
+            engine=engine,
+            on_turn=bar.reach,
         ).table
+    bar.close()
     tables = [t for t in gather_objects(table, world) if t is not None]
     return episode_summary(union_tables(tables, group_size=1), "eval")
 
@@ -109,7 +121,15 @@ def run_eval(cfg: RunConfig, command: str = "") -> Table:
     tasks (:func:`evaluate`); the result is the single process's, and rank 0 writes it."""
     with joined_world(cfg, kind="eval") as (cfg, world):
         setup = prepare(cfg, command, kind="eval", world=world)
-        stats = evaluate(setup, world)
+        if world.main:  # checked and loaded: say what comes
+            print(
+                f"[eval] {cfg.model} on {cfg.env.name}: {cfg.eval.tasks} held-out tasks of "
+                f"{cfg.eval.split} at T={cfg.eval.temperature}, {cfg.device}; eval.json -> "
+                f"{cfg.out}",
+                file=sys.stderr,
+                flush=True,
+            )
+        stats = evaluate(setup, world, show=cfg.progress and world.main)
         if world.main:
             text = json.dumps({"command": command, "processes": world.size, **stats}, indent=2)
             atomic_write_text(setup.folder / "eval.json", text + "\n")

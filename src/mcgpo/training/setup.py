@@ -38,8 +38,9 @@ from mcgpo.training.build import (
     typed_env_options,
 )
 from mcgpo.training.checkpoint import (
-    atomic_write_text,
-    latest_checkpoint,
+    Checkpoint,
+    CheckpointError,
+    kept_checkpoints,
     load_checkpoint,
     restore_rng,
 )
@@ -56,7 +57,7 @@ from mcgpo.training.distributed import (
 from mcgpo.training.engine import check_engine_installed, rollout_engine
 from mcgpo.training.metrics import MetricSinks, SilentSinks
 from mcgpo.training.presets import load_preset
-from mcgpo.training.run_folder import check_run_folder, writable_folder
+from mcgpo.training.run_folder import check_run_folder, writable_folder, write_run_config
 from mcgpo.training.runtime import apply_runtime, check_device
 from mcgpo.training.tracking import check_trackers_installed
 
@@ -89,6 +90,8 @@ class Run(RunSetup):
     updates_done: int  # updates completed
     task_cursor: int  # number of the next training task
     world: World = SINGLE  # this process's rank and the world size
+    # what setup has to say (a damaged checkpoint passed over); the loop prints it
+    notes: tuple[str, ...] = ()
     # what the update runs: ``model``; when W > 1 its DDP wrapper, or (train.sharding fsdp2)
     # a sharded copy whose steps ``model`` follows (a full replica for generation and saving),
     # or (train.fsdp_replica false) ``model`` itself sharded in place, which then only the
@@ -110,8 +113,6 @@ def prepare(cfg: RunConfig, command: str = "", *, kind: str, world: World = SING
     folder (created, checked writable), ``config.toml`` (train and sft), runtime, policy.
     With several processes (``world``) every rank checks the folder before rank 0 writes.
     """
-    from mcgpo.training.presets import to_toml
-
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {', '.join(KINDS)}; got {kind!r}")
     check_device(cfg)
@@ -125,7 +126,7 @@ def prepare(cfg: RunConfig, command: str = "", *, kind: str, world: World = SING
     folder = writable_folder(cfg.out)
     barrier(world)  # every rank has checked the folder before rank 0 writes into it
     if kind != "eval" and world.main:
-        atomic_write_text(folder / "config.toml", to_toml(cfg, command))
+        write_run_config(folder, cfg, command)
     apply_runtime(cfg)
     model, tokenizer = load_model(cfg, make_env=make_env)
     return RunSetup(
@@ -167,10 +168,9 @@ def setup_run(cfg: RunConfig, command: str = "", world: World = SINGLE) -> Run:
         ref_model = copy.deepcopy(model).eval().requires_grad_(False)
         ref_model = distributed_reference(ref_model, cfg.train.sharding, world)  # FSDP2
     updates_done, cursor = 0, cfg.seed * 1_000_000
-    checkpoint = latest_checkpoint(setup.folder) if cfg.resume else None
-    state = load_checkpoint(checkpoint) if checkpoint is not None else None
-    if state is not None:
-        model, _ = load_model(cfg, state.model_path)
+    state, notes = None, []
+    if cfg.resume:
+        state, model, notes = _usable_checkpoint(cfg, setup.folder)
         updates_done, cursor = state.update, state.task_cursor
     if cfg.train.gradient_checkpointing:
         model.gradient_checkpointing_enable()
@@ -207,7 +207,25 @@ def setup_run(cfg: RunConfig, command: str = "", world: World = SINGLE) -> Run:
         world=world,
         learner=learner,
         engine=engine,
+        notes=tuple(notes),
     )
+
+
+def _usable_checkpoint(cfg: RunConfig, folder: Path) -> tuple[Checkpoint, Any, list[str]]:
+    """The newest kept checkpoint that loads (its trainer state and model), and a note for
+    each newer one passed over as damaged; a ConfigError naming them if none loads."""
+    notes: list[str] = []
+    for path in kept_checkpoints(folder):
+        try:
+            state = load_checkpoint(path)
+            model, _ = load_model(cfg, state.model_path)
+        except (CheckpointError, ConfigError) as err:
+            notes.append(str(err))
+            continue
+        if notes:
+            notes.append(f"resuming from the previous kept checkpoint, {path.name}")
+        return state, model, notes
+    raise ConfigError(f"--resume: no usable checkpoint in {str(folder)!r}: " + "; ".join(notes))
 
 
 def _check_compilable(cfg: RunConfig, model: Any) -> None:

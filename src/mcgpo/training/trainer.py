@@ -26,6 +26,7 @@ episodes, and saving first gathers the weights to rank 0 (a collective of every 
 from __future__ import annotations
 
 import dataclasses
+import sys
 import time
 from typing import Any
 
@@ -51,6 +52,7 @@ from mcgpo.training.distributed import (
 from mcgpo.training.evaluate import evaluate
 from mcgpo.training.metrics import PeakMemory, ProgressBar, Table, read_metrics
 from mcgpo.training.setup import Run, setup_run
+from mcgpo.training.start_lines import cpu_size_note, train_start_line
 from mcgpo.training.update import PairBatch, update_policy
 
 __all__ = ["train"]
@@ -59,11 +61,30 @@ __all__ = ["train"]
 def train(cfg: RunConfig, command: str = "") -> Table:
     """Run (or resume) training as configured; return the before/after evaluation table.
 
+    The Python form of ``mcgpo train`` (``mcgpo.train``), with the same config objects::
+
+        cfg = mcgpo.load_config("household-smoke", **{"out": "runs/a", "train.lr": 1e-3})
+        print(mcgpo.train(cfg).render())
+        # go on to 4 updates: the run folder's config.toml as the preset
+        mcgpo.train(mcgpo.load_config("runs/a/config.toml", resume=True, **{"train.updates": 4}))
+
+    Everything the run writes is in ``cfg.out`` (``metrics.jsonl``, checkpoints, ``model/``,
+    ``config.toml``); ``command`` is recorded as its first line. A bad setting, model folder
+    or run folder raises :class:`~mcgpo.training.config.ConfigError` (one line) before any
+    model work.
+
     Under torchrun (W > 1 processes) each rank plays its block of whole groups and the
     update is DDP (:mod:`mcgpo.training.distributed`); rank 0 writes every file.
     """
     with joined_world(cfg) as (cfg, world):
         run = setup_run(cfg, command, world)
+        if world.main:  # the run is checked and built: say what comes
+            warnings = (f"[train] warning: {note}" for note in run.notes)
+            _say(
+                train_start_line(run.cfg, run.updates_done),
+                *warnings,
+                cpu_size_note(run.cfg, run.updates_done),
+            )
         try:
             return _train(run)
         finally:
@@ -74,6 +95,8 @@ def train(cfg: RunConfig, command: str = "") -> Table:
 def _train(run: Run) -> Table:
     cfg, world = run.cfg, run.world
     if run.updates_done == 0:
+        if world.main and cfg.eval.tasks:
+            _say(f"[train] evaluating the policy before training ({cfg.eval.tasks} tasks)")
         _evaluate(run)  # the "before" column of the final table
     bar = ProgressBar(cfg.train.updates, run.updates_done, enabled=cfg.progress and world.main)
     while run.updates_done < cfg.train.updates:
@@ -138,6 +161,13 @@ def _train(run: Run) -> Table:
     return _summary(run)
 
 
+def _say(*lines: str | None) -> None:
+    """Print the lines that are not None on stderr (the run's own messages)."""
+    for line in lines:
+        if line is not None:
+            print(line, file=sys.stderr, flush=True)
+
+
 def _collect(run: Run, update: int) -> tuple[Rollout, dict[str, float]]:
     """This rank's block of the next G training tasks, N rollouts each, and the peak memory
     of the collection; the task cursor moves on by G."""
@@ -183,7 +213,7 @@ def _evaluate(run: Run) -> dict[str, float]:
     clock = time.perf_counter()
     # a policy sharded in place cannot generate: the engine, which holds its weights, plays
     engine = run.engine if holds_shards(run.model) else None
-    stats = evaluate(run, run.world, engine=engine)
+    stats = evaluate(run, run.world, engine=engine, show=run.cfg.progress and run.world.main)
     stats["time/eval"] = time.perf_counter() - clock
     run.sinks.write(run.updates_done, stats)
     return stats

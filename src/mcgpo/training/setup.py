@@ -55,6 +55,7 @@ from mcgpo.training.distributed import (
 )
 from mcgpo.training.engine import check_engine_installed, rollout_engine
 from mcgpo.training.metrics import MetricSinks, SilentSinks
+from mcgpo.training.pending import read_pending
 from mcgpo.training.run_folder import check_run_folder, writable_folder
 from mcgpo.training.runtime import apply_runtime, check_device
 
@@ -94,6 +95,10 @@ class Run(RunSetup):
     learner: Any = None
     # rollout.engine vllm: the colocated engine serving ``model`` (None: mcgpo's samplers)
     engine: Any = None
+    # train.async_lag >= 1: batches sampled ahead, restored from the checkpoint resumed
+    # (mcgpo.training.pending), and the producer the loop starts (mcgpo.training.pipeline)
+    pending: list[Any] = dataclasses.field(default_factory=list)
+    rollouts: Any = None
 
     def __post_init__(self) -> None:
         if self.learner is None:
@@ -166,6 +171,11 @@ def setup_run(cfg: RunConfig, command: str = "", world: World = SINGLE) -> Run:
     updates_done, cursor = 0, cfg.seed * 1_000_000
     checkpoint = latest_checkpoint(setup.folder) if cfg.resume else None
     state = load_checkpoint(checkpoint) if checkpoint is not None else None
+    pending = (
+        []
+        if state is None
+        else read_pending(state.path, cfg.train.async_lag, world.rank, world.size)
+    )
     if state is not None:
         model, _ = load_model(cfg, state.model_path)
         updates_done, cursor = state.update, state.task_cursor
@@ -199,6 +209,7 @@ def setup_run(cfg: RunConfig, command: str = "", world: World = SINGLE) -> Run:
         world=world,
         learner=learner,
         engine=engine,
+        pending=pending,
     )
 
 

@@ -50,6 +50,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from mcgpo.policy.precision import compute
 from mcgpo.rollout.group_rollout import Rollout, collect
 from mcgpo.training.build import collect_options, rollout_seed
@@ -122,7 +124,9 @@ class RolloutPipeline:
     def __init__(self, run: Any, pending: list[Batch]) -> None:
         self.lag: int = run.cfg.train.async_lag
         self._run = run
-        self._replica = copy.deepcopy(run.model).requires_grad_(False)
+        # a plain copy: freezing its parameters would change the kernels some layers pick
+        # (the sampler's log-probs then differ from the sequential run's in the last bit)
+        self._replica = copy.deepcopy(run.model)
         self._requests: queue.Queue[tuple[int, dict | None, int] | None] = queue.Queue()
         self._done = {b.number: b for b in pending}
         self._changed = threading.Condition()
@@ -140,7 +144,12 @@ class RolloutPipeline:
                         f"the run holds θ_{run.updates_done}: pending batches are missing"
                     )
                 self._ask(number, None)
-        self._thread = threading.Thread(target=self._produce, name="rollout-producer", daemon=True)
+        threads = (
+            torch.get_num_threads()
+        )  # OpenMP's count is per thread: the run's, not the default
+        self._thread = threading.Thread(
+            target=self._produce, args=(threads,), name="rollout-producer", daemon=True
+        )
         self._thread.start()
 
     # --- the learner's side ---------------------------------------------------------------
@@ -201,7 +210,8 @@ class RolloutPipeline:
                 self._changed.wait(timeout=_POLL)
             return self._done.pop(number) if pop else self._done[number]
 
-    def _produce(self) -> None:
+    def _produce(self, threads: int) -> None:
+        torch.set_num_threads(threads)
         version = self._run.updates_done
         while True:
             clock = time.perf_counter()

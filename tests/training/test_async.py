@@ -12,6 +12,7 @@ from __future__ import annotations
 import random
 import time
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given
@@ -246,3 +247,26 @@ def test_a_producer_failure_reaches_the_learner_as_one_line(smoke_args, tmp_path
     ]
     assert updates == [1, 2]
     assert time.monotonic() - clock < 300  # no hang (a wide margin: a run takes seconds)
+
+
+@pytest.mark.slow
+def test_overlapped_environment_steps_train_as_the_sequential_run(run, tmp_path):
+    """rollout.overlap_env with k = 1: every update's rows and responses are the sequential
+    rollout's; the weights agree to float rounding (rows decoded in other company give
+    log-probs that differ in the last bits, and k = 1 weighs tokens by them)."""
+    import pandas as pd
+
+    base = ("--train.async_lag", "1", "--train.updates", "3", "--save-rollouts")
+    run(tmp_path / "plain", *base)
+    run(tmp_path / "overlap", *base, "--rollout.overlap_env", "true")
+    for update in (1, 2, 3):
+        name = f"rollouts/update-{update:06d}.parquet"
+        a, b = (
+            pd.read_parquet(tmp_path / "plain" / name),
+            pd.read_parquet(tmp_path / "overlap" / name),
+        )
+        for column in ("group", "slot", "turn", "action", "reward", "state", "response"):
+            assert a[column].tolist() == b[column].tolist(), (update, column)
+        np.testing.assert_allclose(a["advantage"], b["advantage"], rtol=0, atol=1e-12)
+    wa, wb = weights(tmp_path / "plain"), weights(tmp_path / "overlap")
+    assert max(float((wa[k] - wb[k]).abs().max()) for k in wa) < 1e-6

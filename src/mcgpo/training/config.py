@@ -137,6 +137,11 @@ class RolloutConfig:
     vllm_sleep: bool = _opt(
         False, "rollout.engine vllm on a GPU: free vLLM's memory during the update (sleep mode)"
     )
+    overlap_env: bool = _opt(
+        False,
+        "environment steps overlapped with decoding: two halves of the rollouts in ping-pong "
+        "(the same tokens and episodes, faster where environments are slow; docs/async.md)",
+    )
 
     def check(self) -> None:
         for name in ("groups", "group_size", "max_new_tokens", "max_prompt_tokens"):

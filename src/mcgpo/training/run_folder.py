@@ -37,6 +37,7 @@ RESUMABLE = {
     "train.old_logprobs_check",  # measures the pi_old mismatch, never changes the update
     "rollout.vllm_gpu_memory_utilization",  # the engine's memory, never its samples
     "train.compile",  # compiled or eager layers: the same maths, float rounding apart
+    "rollout.overlap_env",  # environment steps overlapped with decoding: the same rollouts
 }
 
 

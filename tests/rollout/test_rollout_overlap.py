@@ -74,10 +74,18 @@ class SlowCounter(CounterEnv):
         return super().step(action)
 
 
-def test_random_step_times_and_a_failing_environment_change_nothing(counter_policy):
+class ServedCounter(SlowCounter):
+    """As a served environment's client: the pool steps its slots from threads, and the two
+    halves' steps may run at once (``EnvPool.steps_at_once``)."""
+
+    concurrent_steps = True
+
+
+@pytest.mark.parametrize("env", [SlowCounter, ServedCounter])
+def test_random_step_times_and_a_failing_environment_change_nothing(counter_policy, env):
     tasks = [4, 1, 5, 2]
-    sequential = run(counter_policy, tasks, env=SlowCounter, seed=3)
-    overlapped = run(counter_policy, tasks, env=SlowCounter, seed=3, overlap_env=True)
+    sequential = run(counter_policy, tasks, env=env, seed=3)
+    overlapped = run(counter_policy, tasks, env=env, seed=3, overlap_env=True)
     assert sequential.errors and sequential.table.errored.any()  # task 4's siblings failed
     assert_same_rollout(sequential, overlapped)
 

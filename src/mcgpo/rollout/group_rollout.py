@@ -7,9 +7,11 @@ rows get ``group = g`` (the position in ``tasks``; a seed listed twice gives two
 ``slot`` and ``traj = e``. Every turn, the prompts of all live environments go through one
 :func:`~mcgpo.rollout.sampler.sample` call; the parsed actions go through one
 ``EnvPool.step``. With ``overlap_env`` the environments play in two halves in ping-pong:
-one half's environments step (in a thread) while the other half decodes, so a turn costs
-about max(decode, step) instead of their sum; each environment still sees the same prompts
-and draws from its own generator, so the rollout is the same, token for token (tested).
+one half's environments step (in a thread) while the other half decodes; each environment
+still sees the same prompts and draws from its own generator, so the rollout is the same,
+token for token (tested). What it saves depends on how decoding and stepping cost scale
+with the number of rows (docs/async.md works it out; ``benchmarks/bench_async.py``
+measures).
 
 Sampling: every environment draws its tokens from its own generator, seeded from
 ``(seed, group_offset + g, slot)`` (:func:`sampling_generators`), and the sampler draws each
@@ -44,6 +46,8 @@ Prompt budget: a prompt longer than ``max_prompt_tokens`` is re-rendered without
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -332,23 +336,29 @@ class _Turns:
 
     def play_overlapped(self, halves: list[range]) -> None:
         """Ping-pong of two halves of the environments: half A's environments step (in a
-        thread) while half B decodes, then B's step while A decodes its next turn. One
-        step is in flight at a time, and a half decodes only after its own step is recorded.
+        thread) while half B decodes, then B's step while A decodes its next turn. A half
+        decodes only after its own last step is recorded. Where the pool allows it
+        (``EnvPool.steps_at_once``: I/O-bound environments) the two halves' steps may also
+        overlap each other; otherwise they take turns on a lock (worker processes).
         """
-        with ThreadPoolExecutor(1, thread_name_prefix="env-step") as stepper:
-            in_flight: tuple[_Decoded, Future] | None = None
+        one_at_a_time = contextlib.nullcontext() if self.pool.steps_at_once else threading.Lock()
+
+        def step(d: _Decoded) -> dict[int, Any]:
+            with one_at_a_time:
+                return self.step(d)
+
+        with ThreadPoolExecutor(len(halves), thread_name_prefix="env-step") as stepper:
+            in_flight: dict[int, tuple[_Decoded, Future]] = {}
             while True:
-                played = False
-                for half in halves:
-                    live = self.live(half)  # this half's last step is recorded already
-                    decoded = self.decode(live) if live else None
-                    if in_flight is not None:  # the other half's step, overlapped with it
-                        self.record(in_flight[0], in_flight[1].result())
-                        in_flight = None
-                    if decoded is not None:
-                        in_flight = (decoded, stepper.submit(self.step, decoded))
-                        played = True
-                if not played and in_flight is None:
+                for h, half in enumerate(halves):
+                    if h in in_flight:  # overlapped with the other half's decode
+                        decoded, future = in_flight.pop(h)
+                        self.record(decoded, future.result())
+                    live = self.live(half)
+                    if live:
+                        decoded = self.decode(live)
+                        in_flight[h] = (decoded, stepper.submit(step, decoded))
+                if not in_flight:
                     return
 
 

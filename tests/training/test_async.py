@@ -226,10 +226,10 @@ def test_a_producer_failure_reaches_the_learner_as_one_line(smoke_args, tmp_path
 
     real = pipeline.collect_batch
 
-    def failing(run, model, number, cursor):
+    def failing(run, model, number, cursor, **kwargs):
         if number == 3:
             raise OSError("environment server went away\nsecond line")
-        return real(run, model, number, cursor)
+        return real(run, model, number, cursor, **kwargs)
 
     monkeypatch.setattr(pipeline, "collect_batch", failing)
     cfg = resolve("train", smoke_args(tmp_path / "r", "--train.async_lag", "1",

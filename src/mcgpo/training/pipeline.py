@@ -41,6 +41,7 @@ evaluation's). A producer failure ends the run with one line
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import queue
@@ -80,10 +81,13 @@ def batch_version(number: int, lag: int) -> int:
     return max(0, number - 1 - lag)
 
 
-def collect_batch(run: Any, model: Any, number: int, task_cursor: int) -> tuple[Rollout, dict]:
+def collect_batch(
+    run: Any, model: Any, number: int, task_cursor: int, tokenizer: Any = None
+) -> tuple[Rollout, dict]:
     """This rank's block of the G training tasks from ``task_cursor`` on, N rollouts each,
     sampled by ``model`` with the seed of batch ``number``; with the collection's peak memory
-    and its seconds of environment steps and of decoding (``time/env``, ``time/decode``)."""
+    and its seconds of environment steps and of decoding (``time/env``, ``time/decode``).
+    ``tokenizer``: the run's, unless given (the producer's own copy)."""
     cfg, world = run.cfg, run.world
     block = rank_block(cfg.rollout.groups, world)
     tasks = [task_cursor + g for g in block]
@@ -99,7 +103,8 @@ def collect_batch(run: Any, model: Any, number: int, task_cursor: int) -> tuple[
     options = dataclasses.replace(options, group_offset=block.start)
     memory = PeakMemory.start(cfg.device, "rollout")
     with compute(cfg.train.precision, cfg.device):  # the sampler in the update's precision
-        rollout = collect(model, run.tokenizer, run.make_env, tasks, options, engine=run.engine)
+        tokenizer = run.tokenizer if tokenizer is None else tokenizer
+        rollout = collect(model, tokenizer, run.make_env, tasks, options, engine=run.engine)
     stats = memory.stop()
     stats["time/env"] = rollout.stats.get("env_seconds", 0.0)
     stats["time/decode"] = rollout.stats.get("sample_seconds", 0.0)
@@ -127,6 +132,8 @@ class RolloutPipeline:
         # a plain copy: freezing its parameters would change the kernels some layers pick
         # (the sampler's log-probs then differ from the sequential run's in the last bit)
         self._replica = copy.deepcopy(run.model)
+        # a fast tokenizer used from two threads at once can fail ("Already borrowed")
+        self._tokenizer = copy.deepcopy(run.tokenizer)
         self._requests: queue.Queue[tuple[int, dict | None, int] | None] = queue.Queue()
         self._done = {b.number: b for b in pending}
         self._changed = threading.Condition()
@@ -173,6 +180,9 @@ class RolloutPipeline:
         if run.updates_done >= run.cfg.train.updates:
             return
         snapshot = {k: t.detach().clone() for k, t in run.model.state_dict().items()}
+        device = torch.device(run.cfg.device)
+        if device.type == "cuda":  # the copies are done before the producer reads them
+            torch.cuda.current_stream(device).synchronize()
         self._ask(run.updates_done + 1 + self.lag, snapshot)
 
     def checkpoint_files(self) -> Callable[[Path], None]:
@@ -212,6 +222,13 @@ class RolloutPipeline:
 
     def _produce(self, threads: int) -> None:
         torch.set_num_threads(threads)
+        device = torch.device(self._run.cfg.device)
+        # on a GPU the producer's kernels go to a stream of their own, beside the update's
+        stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+            self._serve_requests(stream)
+
+    def _serve_requests(self, stream: Any) -> None:
         version = self._run.updates_done
         while True:
             clock = time.perf_counter()
@@ -223,8 +240,12 @@ class RolloutPipeline:
             try:
                 if snapshot is not None:
                     self._replica.load_state_dict(snapshot)
+                    if stream is not None:  # read before the snapshot's memory is freed
+                        stream.synchronize()
                     version = batch_version(number, self.lag)
-                rollout, stats = collect_batch(self._run, self._replica, number, cursor)
+                rollout, stats = collect_batch(
+                    self._run, self._replica, number, cursor, tokenizer=self._tokenizer
+                )
             except BaseException as err:  # reaches the learner at its next wait
                 reason = str(err).strip().splitlines()
                 with self._changed:

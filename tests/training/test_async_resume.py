@@ -179,3 +179,12 @@ def test_two_processes_sample_ahead_as_one_and_resume(smoke_args, tmp_path):
     launch(smoke_args(split, *base, "--nproc", "2", "--resume"))
     wc = saved_weights(split / "model")
     assert max(float((wb[k] - wc[k]).abs().max()) for k in wb) < 1e-6
+
+
+@pytest.mark.slow
+def test_lag_zero_on_two_processes_is_the_sequential_trainer(smoke_args, tmp_path):
+    base = (*NONZERO, "--deterministic", "--threads", "1")
+    launch(smoke_args(tmp_path / "default", *base, "--nproc", "2"))
+    launch(smoke_args(tmp_path / "zero", *base, "--nproc", "2", "--train.async_lag", "0"))
+    assert _same(tmp_path / "default", tmp_path / "zero")
+    assert _records(tmp_path / "default") == _records(tmp_path / "zero")

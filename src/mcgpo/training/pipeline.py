@@ -144,16 +144,16 @@ class RolloutPipeline:
             if not first <= batch.number <= first - 1 + self.lag:
                 raise ValueError(f"pending batch {batch.number} does not follow update {first - 1}")
         for number in range(first, first + self.lag + 1):
-            if number not in self._done:  # from the weights the run holds now
+            if number not in self._done and run.updates_done < run.cfg.train.updates:
+                # from the weights the run holds now (none once the last update is done)
                 if batch_version(number, self.lag) != run.updates_done:
                     raise ValueError(
                         f"batch {number} needs θ_{batch_version(number, self.lag)}, "
                         f"the run holds θ_{run.updates_done}: pending batches are missing"
                     )
                 self._ask(number, None)
-        threads = (
-            torch.get_num_threads()
-        )  # OpenMP's count is per thread: the run's, not the default
+        # OpenMP's thread count is per thread: the producer takes the run's, not the default
+        threads = torch.get_num_threads()
         self._thread = threading.Thread(
             target=self._produce, args=(threads,), name="rollout-producer", daemon=True
         )

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The test command: set up .venv (with the alfworld, textworld-express, webshop and serve
-# extras, whose tests run too, and the docs extra; MCGPO_EXTRAS="" skips them), lint, check
+# The test command: set up .venv (with the alfworld, textworld-express, webshop, serve and
+# tracking extras, whose tests run too, and the docs extra; MCGPO_EXTRAS="" skips them), lint, check
 # the import layers (the import-linter contracts in pyproject.toml: layers run one way, no
 # cycles), build the docs site in strict mode (mkdocs.yml: a broken link or anchor, or a page
 # missing from the nav, fails), run the whole test suite; then the verl plugin tests in their
@@ -9,7 +9,7 @@
 # skips them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-MCGPO_EXTRAS=${MCGPO_EXTRAS-alfworld,twx,webshop,serve,docs} bash scripts/setup.sh
+MCGPO_EXTRAS=${MCGPO_EXTRAS-alfworld,twx,webshop,serve,tracking,docs} bash scripts/setup.sh
 . .venv/bin/activate
 ruff check src tests benchmarks
 ruff format --check src tests benchmarks

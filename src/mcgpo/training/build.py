@@ -118,6 +118,7 @@ def collect_options(
         step_timeout=cfg.env.step_timeout,
         sampler=cfg.rollout.sampler,
         decode_attention=cfg.rollout.decode_attention,
+        overlap_env=cfg.rollout.overlap_env,
     )
 
 

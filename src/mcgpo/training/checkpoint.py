@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import random
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -103,12 +104,15 @@ def save_checkpoint(
     keep: int = 2,
     optimizer_state: dict[str, Any] | None = None,
     model_state: dict[str, Any] | None = None,
+    extra_files: Callable[[Path], None] | None = None,
 ) -> Path:
     """Write checkpoint ``update`` atomically; returns its folder.
 
     ``optimizer_state``: what to save instead of ``optimizer.state_dict()`` (FSDP2: the
     full state gathered from the ranks' shards, keyed by parameter name); ``model_state``:
-    the weights to save instead of the model's own (FSDP2 without a replica: gathered)."""
+    the weights to save instead of the model's own (FSDP2 without a replica: gathered);
+    ``extra_files``: writes more files into the checkpoint's folder before it is renamed
+    into place (the pending batches of ``train.async_lag``, :mod:`mcgpo.training.pending`)."""
     root = Path(run_folder) / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
     name = f"update-{update:06d}"
@@ -126,6 +130,8 @@ def save_checkpoint(
         "rng": rng_state(),
     }
     torch.save(payload, tmp / "trainer.pt")
+    if extra_files is not None:
+        extra_files(tmp)
     if final.exists():  # the same update saved again (e.g. the final save after a resume)
         shutil.rmtree(final)
     os.replace(tmp, final)

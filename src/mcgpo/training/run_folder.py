@@ -60,6 +60,7 @@ RESUMABLE = {
     "eval.tasks",
     "eval.split",
     "eval.temperature",
+    "rollout.overlap_env",  # environment steps overlapped with decoding: the same rollouts
 }
 
 

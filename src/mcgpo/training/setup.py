@@ -56,6 +56,7 @@ from mcgpo.training.distributed import (
 )
 from mcgpo.training.engine import check_engine_installed, rollout_engine
 from mcgpo.training.metrics import MetricSinks, SilentSinks
+from mcgpo.training.pending import Batch, read_pending
 from mcgpo.training.presets import load_preset
 from mcgpo.training.run_folder import check_run_folder, writable_folder, write_run_config
 from mcgpo.training.runtime import apply_runtime, check_device
@@ -99,6 +100,10 @@ class Run(RunSetup):
     learner: Any = None
     # rollout.engine vllm: the colocated engine serving ``model`` (None: mcgpo's samplers)
     engine: Any = None
+    # train.async_lag >= 1: batches sampled ahead, restored from the checkpoint resumed
+    # (mcgpo.training.pending), and the producer the loop starts (mcgpo.training.pipeline)
+    pending: list[Any] = dataclasses.field(default_factory=list)
+    rollouts: Any = None
 
     def __post_init__(self) -> None:
         if self.learner is None:
@@ -168,9 +173,9 @@ def setup_run(cfg: RunConfig, command: str = "", world: World = SINGLE) -> Run:
         ref_model = copy.deepcopy(model).eval().requires_grad_(False)
         ref_model = distributed_reference(ref_model, cfg.train.sharding, world)  # FSDP2
     updates_done, cursor = 0, cfg.seed * 1_000_000
-    state, notes = None, []
+    state, notes, pending = None, [], []
     if cfg.resume:
-        state, model, notes = _usable_checkpoint(cfg, setup.folder)
+        state, model, pending, notes = _usable_checkpoint(cfg, setup.folder, world)
         updates_done, cursor = state.update, state.task_cursor
     if cfg.train.gradient_checkpointing:
         model.gradient_checkpointing_enable()
@@ -208,23 +213,28 @@ def setup_run(cfg: RunConfig, command: str = "", world: World = SINGLE) -> Run:
         learner=learner,
         engine=engine,
         notes=tuple(notes),
+        pending=pending,
     )
 
 
-def _usable_checkpoint(cfg: RunConfig, folder: Path) -> tuple[Checkpoint, Any, list[str]]:
-    """The newest kept checkpoint that loads (its trainer state and model), and a note for
-    each newer one passed over as damaged; a ConfigError naming them if none loads."""
+def _usable_checkpoint(
+    cfg: RunConfig, folder: Path, world: World
+) -> tuple[Checkpoint, Any, list[Batch], list[str]]:
+    """The newest kept checkpoint that loads (its trainer state, model and this rank's
+    pending batches), and a note for each newer one passed over as damaged; a ConfigError
+    naming them if none loads."""
     notes: list[str] = []
     for path in kept_checkpoints(folder):
         try:
             state = load_checkpoint(path)
             model, _ = load_model(cfg, state.model_path)
+            pending = read_pending(state.path, cfg.train.async_lag, world.rank, world.size)
         except (CheckpointError, ConfigError) as err:
             notes.append(str(err))
             continue
         if notes:
             notes.append(f"resuming from the previous kept checkpoint, {path.name}")
-        return state, model, notes
+        return state, model, pending, notes
     raise ConfigError(f"--resume: no usable checkpoint in {str(folder)!r}: " + "; ".join(notes))
 
 

@@ -25,7 +25,6 @@ episodes, and saving first gathers the weights to rank 0 (a collective of every 
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 import time
 from typing import Any
@@ -33,10 +32,8 @@ from typing import Any
 import numpy as np
 
 from mcgpo.policy.loading import holds_shards
-from mcgpo.policy.precision import compute
-from mcgpo.rollout.group_rollout import Rollout, collect
+from mcgpo.rollout.group_rollout import Rollout
 from mcgpo.training.algorithms import Credit, assign_credit
-from mcgpo.training.build import collect_options, rollout_seed
 from mcgpo.training.checkpoint import save_checkpoint
 from mcgpo.training.config import RunConfig
 from mcgpo.training.distributed import (
@@ -46,11 +43,11 @@ from mcgpo.training.distributed import (
     gather_objects,
     joined_world,
     merge_metrics,
-    rank_block,
     whole_batch_algo,
 )
 from mcgpo.training.evaluate import evaluate
-from mcgpo.training.metrics import PeakMemory, ProgressBar, Table, read_metrics
+from mcgpo.training.metrics import ProgressBar, Table, read_metrics
+from mcgpo.training.pipeline import collect_batch, start_pipeline
 from mcgpo.training.setup import Run, setup_run
 from mcgpo.training.start_lines import cpu_size_note, train_start_line
 from mcgpo.training.update import PairBatch, update_policy
@@ -88,6 +85,8 @@ def train(cfg: RunConfig, command: str = "") -> Table:
         try:
             return _train(run)
         finally:
+            if run.rollouts is not None:
+                run.rollouts.close()
             if run.engine is not None:
                 run.engine.close()
 
@@ -99,6 +98,7 @@ def _train(run: Run) -> Table:
             _say(f"[train] evaluating the policy before training ({cfg.eval.tasks} tasks)")
         _evaluate(run)  # the "before" column of the final table
     bar = ProgressBar(cfg.train.updates, run.updates_done, enabled=cfg.progress and world.main)
+    run.rollouts = start_pipeline(run)  # train.async_lag >= 1: batches sampled ahead
     while run.updates_done < cfg.train.updates:
         update = run.updates_done + 1
         clock = time.perf_counter()
@@ -132,6 +132,8 @@ def _train(run: Run) -> Table:
         )
         t_update = time.perf_counter() - clock
         run.updates_done = update
+        if run.rollouts is not None:  # the producer may sample with theta_update from now on
+            run.rollouts.publish()
         times = {"time/rollout": t_rollout, "time/credit": t_credit, "time/update": t_update}
         if run.engine is not None:  # the engine serves the new weights from the next rollout
             times["time/weight_sync"] = run.engine.update_weights(run.model)
@@ -170,25 +172,13 @@ def _say(*lines: str | None) -> None:
 
 def _collect(run: Run, update: int) -> tuple[Rollout, dict[str, float]]:
     """This rank's block of the next G training tasks, N rollouts each, and the peak memory
-    of the collection; the task cursor moves on by G."""
-    cfg, world = run.cfg, run.world
-    block = rank_block(cfg.rollout.groups, world)
-    tasks = [run.task_cursor + g for g in block]
-    options = collect_options(
-        cfg,
-        run.response_format,
-        split=cfg.env.train_split,
-        temperature=cfg.rollout.temperature,
-        group_size=cfg.rollout.group_size,
-        seed=rollout_seed(cfg.seed, update),
-    )
-    # the sampling streams follow the global group index: rank-independent rollouts
-    options = dataclasses.replace(options, group_offset=block.start)
-    memory = PeakMemory.start(cfg.device, "rollout")
-    with compute(cfg.train.precision, cfg.device):  # the sampler in the update's precision
-        rollout = collect(run.model, run.tokenizer, run.make_env, tasks, options, engine=run.engine)
-    run.task_cursor += cfg.rollout.groups
-    return rollout, memory.stop()
+    of the collection; the task cursor moves on by G. With ``train.async_lag`` >= 1 the
+    batch comes from the producer (:mod:`mcgpo.training.pipeline`)."""
+    if run.rollouts is not None:
+        return run.rollouts.take(update)
+    rollout, stats = collect_batch(run, run.model, update, run.task_cursor)
+    run.task_cursor += run.cfg.rollout.groups
+    return rollout, stats
 
 
 def _update_metrics(
@@ -224,14 +214,19 @@ def _checkpoint(run: Run) -> None:
     state; FSDP2: every rank first joins the gather of the sharded optimiser state); the
     others wait, so no rank runs ahead of a checkpoint that is being written."""
     optimizer_state = full_optimizer_state(run.learner, run.optimizer)
+    # train.async_lag >= 1: the batches sampled ahead (every rank's, gathered)
+    files = run.rollouts.checkpoint_files() if run.rollouts is not None else None
     weights = full_model_state(run.model)  # sharded in place: gathered to rank 0
     if run.world.main:
-        _write_checkpoint(run, optimizer_state, weights)
+        _write_checkpoint(run, optimizer_state, weights, files)
     barrier(run.world)
 
 
 def _write_checkpoint(
-    run: Run, optimizer_state: dict[str, Any], weights: dict[str, Any] | None
+    run: Run,
+    optimizer_state: dict[str, Any],
+    weights: dict[str, Any] | None,
+    files: Any = None,
 ) -> None:
     save_checkpoint(
         run.folder,
@@ -242,6 +237,7 @@ def _write_checkpoint(
         task_cursor=run.task_cursor,
         optimizer_state=optimizer_state,
         model_state=weights,
+        extra_files=files,
     )
 
 

@@ -18,7 +18,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from mcgpo.envs.serving.security import check_bind, read_token
+from mcgpo.envs.serving.security import check_bind, read_token, token_file_warning
 from mcgpo.options import parse_scalar
 
 __all__ = ["main"]
@@ -127,6 +127,9 @@ def main(argv: Sequence[str]) -> int:
         check_bind(args.host, token)
     except ValueError as err:
         return _fail(str(err))
+    warning = token_file_warning(args.token_file) if args.token_file else None
+    if warning is not None:
+        print(f"mcgpo env serve: warning: {warning}", file=sys.stderr)
     try:
         from mcgpo.envs.serving.launch import serve
     except ImportError as err:

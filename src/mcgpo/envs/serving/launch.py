@@ -14,7 +14,7 @@ from typing import Any
 import uvicorn
 
 from mcgpo.envs.serving.security import check_bind
-from mcgpo.envs.serving.server import DEFAULT_MAX_BODY, Server, build_app
+from mcgpo.envs.serving.server import DEFAULT_MAX_BODY, JsonH11Protocol, Server, build_app
 from mcgpo.envs.serving.sessions import SessionTable
 from mcgpo.envs.workers import EnvSpec, WorkerError
 
@@ -54,11 +54,12 @@ def _server(
     on_started: Callable[[str], None] | None,
     reap_every: float | None = None,
 ) -> Server:
-    app = build_app(table, token=token, max_body=max_body, reap_every=reap_every)
+    app = build_app(table, token=token, max_body=max_body, reap_every=reap_every, host=host)
     config = uvicorn.Config(
         app,
         host=host,
         port=port,
+        http=JsonH11Protocol,  # JSON error bodies even for requests h11 cannot parse
         log_level=log_level,
         access_log=False,
         lifespan="on",

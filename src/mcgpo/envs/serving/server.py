@@ -20,7 +20,8 @@ whose ``Host`` is not a loopback name or the bound address (DNS rebinding), is r
 ``forbidden_origin`` / ``forbidden_host``). A POST body must be ``application/json`` (415
 otherwise: a browser cannot send that cross-origin without asking first), nested at most
 :data:`~mcgpo.envs.serving.wire.MAX_DEPTH` levels. On SIGTERM (or SIGINT) it opens no more
-sessions and ``/health`` answers ``503 draining`` for :data:`DRAIN_SECONDS` while it still
+sessions and ``/health`` answers ``503 draining`` for ``drain_seconds`` (default
+:data:`DRAIN_SECONDS`) while it still
 listens, then it lets the requests in flight finish and stops its workers (a second signal
 stops it at once). A request the HTTP parser refuses (headers over uvicorn's limit, a
 malformed request line) still gets a JSON error body.
@@ -314,18 +315,21 @@ async def _reap(table: SessionTable, blocking: Any, every: float | None) -> None
 
 
 class Server(uvicorn.Server):
-    """uvicorn's server, draining the session table on SIGTERM / SIGINT before it stops;
-    ``on_started(url)`` is called once it listens."""
+    """uvicorn's server, draining the session table on SIGTERM / SIGINT for
+    ``drain_seconds`` before it stops; ``on_started(url)`` is called once it listens."""
 
     def __init__(
         self,
         config: uvicorn.Config,
         table: SessionTable,
         on_started: Callable[[str], None] | None = None,
+        drain_seconds: float = DRAIN_SECONDS,
     ) -> None:
         super().__init__(config)
         self.table = table
         self.on_started = on_started
+        self.drain_seconds = float(drain_seconds)
+        self.drain_until: float | None = None
 
     async def startup(self, sockets: Any = None) -> None:
         await super().startup(sockets)
@@ -334,17 +338,17 @@ class Server(uvicorn.Server):
 
     def handle_exit(self, sig: int, frame: Any) -> None:
         """The first signal drains: no new session, ``/health`` says so for
-        :data:`DRAIN_SECONDS` while the server still listens, then it stops
-        (:meth:`on_tick`); a second signal stops it now."""
+        ``drain_seconds`` while the server still listens, then it stops (:meth:`on_tick`);
+        a second signal stops it now."""
         if self.table.draining:
             super().handle_exit(sig, frame)
             return
         self.table.drain()
         self._captured_signals.append(sig)  # uvicorn raises it again once stopped
-        self.drain_until = time.monotonic() + DRAIN_SECONDS
+        self.drain_until = time.monotonic() + self.drain_seconds
 
     async def on_tick(self, counter: int) -> bool:
-        if getattr(self, "drain_until", None) and time.monotonic() >= self.drain_until:
+        if self.drain_until is not None and time.monotonic() >= self.drain_until:
             self.should_exit = True
         return await super().on_tick(counter)
 

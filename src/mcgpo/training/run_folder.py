@@ -32,6 +32,7 @@ RESUMABLE = {
     "device",
     "train.updates",
     "train.save_every",
+    "train.max_failed_updates",  # when to give up on a failing environment
     "env.workers",  # where the environments step never changes the rollouts
     "env.step_timeout",
     "train.old_logprobs_check",  # measures the pi_old mismatch, never changes the update

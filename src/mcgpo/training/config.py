@@ -225,7 +225,7 @@ class TrainConfig:
     precision: str = _opt(
         "fp32",
         "fp32, bf16-mixed (bf16 autocast, fp32 weights and AdamW state) or bf16 (bf16 weights); "
-        "docs/training.md 'Precision'",
+        "docs/reference/update.md 'Precision and pi_old'",
     )
     old_logprobs: str = _opt(
         "auto",
@@ -240,7 +240,7 @@ class TrainConfig:
         "auto",
         "importance weights pi_old / sampler on the policy-gradient tokens: none, tis "
         "(truncated at the cap), mis (masked outside [1/cap, cap]); auto = tis when "
-        "rollout.engine is vllm or precision is not fp32, else none (docs/training.md)",
+        "rollout.engine is vllm or precision is not fp32, else none (docs/reference/update.md)",
     )
     rollout_correction_level: str = _opt(
         "token", "rollout correction per token, or per sequence (a response's ratio product)"
@@ -252,7 +252,7 @@ class TrainConfig:
     compile: str = _opt(
         "auto",
         "compiled decoder layers for the update's forwards: true, false, or auto (true on "
-        "CUDA only); docs/training.md 'Compiled layers'",
+        "CUDA only); docs/reference/gpu.md 'Compiled layers'",
     )
     pair_probe: bool = _opt(
         False,

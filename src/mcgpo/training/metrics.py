@@ -2,7 +2,7 @@
 
 Library code returns stats dicts; only the trainer hands them to these sinks. Metric names
 are ``section/name`` (``rollout/success_rate``, ``loss/policy``, ``eval/success``, ...) and are
-documented in docs/training.md. ``metrics.jsonl`` holds one record per update (and one per
+documented in docs/reference/metrics.md. ``metrics.jsonl`` holds one record per update (and one per
 evaluation) with the update count under ``update``.
 
 On resume, records newer than the checkpoint are dropped from ``metrics.jsonl`` and

@@ -42,7 +42,6 @@ import threading
 import time
 from pathlib import Path
 
-import httpx
 import numpy as np
 
 from machine import cpu_name
@@ -188,8 +187,8 @@ class Tally:
                 self.other.append(f"{type(err).__name__}: {err}")
 
 
-def soak_client(url: str, i: int, stop: threading.Event, pause: float, tally: Tally) -> None:
-    env = make_env("remote", url=url, remote_name="household")
+def soak_client(env, i: int, stop: threading.Event, pause: float, tally: Tally) -> None:
+    """Random episodes on ``env`` (its session already open) until ``stop``."""
     rng, episode, steps = random.Random(i), 0, 0
     while not stop.is_set():
         try:
@@ -226,17 +225,16 @@ def soak(args: argparse.Namespace) -> None:
     proc, url = serve("household", n, 1, *extra)
     stop, tally = threading.Event(), Tally()
     try:
+        envs = []
+        for i in range(n):  # one by one, before the clock: each opens a session and a worker
+            envs.append(make_env("remote", url=url, remote_name="household"))
+            envs[-1].reset(seed=i * 100_000)
         threads = [
-            threading.Thread(target=soak_client, args=(url, i, stop, args.pause, tally))
+            threading.Thread(target=soak_client, args=(envs[i], i, stop, args.pause, tally))
             for i in range(n)
         ]
         for t in threads:
             t.start()
-        deadline = time.monotonic() + 600
-        while httpx.get(f"{url}/health").json()["sessions"] < n:  # every session started
-            if time.monotonic() > deadline:
-                raise SystemExit("the soak's sessions did not all start")
-            time.sleep(0.5)
         start_mem = memory(proc.pid)
         start, kills, rng = time.monotonic(), 0, random.Random(0)
         next_kill = start + args.kill_every / 2

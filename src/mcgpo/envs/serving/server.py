@@ -21,10 +21,9 @@ whose ``Host`` is not a loopback name or the bound address (DNS rebinding), is r
 otherwise: a browser cannot send that cross-origin without asking first), nested at most
 :data:`~mcgpo.envs.serving.wire.MAX_DEPTH` levels. On SIGTERM (or SIGINT) it opens no more
 sessions and ``/health`` answers ``503 draining`` for ``drain_seconds`` (default
-:data:`DRAIN_SECONDS`) while it still
-listens, then it lets the requests in flight finish and stops its workers (a second signal
-stops it at once). A request the HTTP parser refuses (headers over uvicorn's limit, a
-malformed request line) still gets a JSON error body.
+:data:`DRAIN_SECONDS`) while it still listens, then it lets the requests in flight finish
+and stops its workers (a second signal stops it at once). A request the HTTP parser refuses
+(headers over uvicorn's limit, a malformed request line) still gets a JSON error body.
 """
 
 from __future__ import annotations

@@ -235,6 +235,9 @@ def soak(args: argparse.Namespace) -> None:
         ]
         for t in threads:
             t.start()
+        deadline = time.monotonic() + 60
+        while len(workers_of(proc.pid)) < n and time.monotonic() < deadline:
+            time.sleep(0.5)  # /proc may lag behind a worker just started
         start_mem = memory(proc.pid)
         start, kills, rng = time.monotonic(), 0, random.Random(0)
         next_kill = start + args.kill_every / 2

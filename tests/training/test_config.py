@@ -89,6 +89,7 @@ def test_from_dict_rejects_unknown_keys_and_bad_values(data, message):
         ({"rollout": {"temperature": 0}}, "siblings of a task act alike), got 0.0"),
         ({"eval": {"temperature": -0.1}}, "eval.temperature must be >= 0.0, got -0.1"),
         ({"eval": {"every": -1}}, "eval.every must be >= 0, got -1"),
+        ({"train": {"max_failed_updates": 0}}, "train.max_failed_updates must be >= 1, got 0"),
         ({"device": "tpu"}, "device must be cpu or cuda[:N], got 'tpu'"),
     ],
 )

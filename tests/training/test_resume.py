@@ -156,3 +156,15 @@ def test_no_readable_checkpoint_is_one_line(run, tmp_path, capsys):
     assert len(err.splitlines()) == 1 and "Traceback" not in err
     assert err.startswith(f"mcgpo train: error: --resume: no usable checkpoint in '{out}': ")
     assert err.count("is damaged and cannot be read") == 2
+
+
+def test_a_component_option_from_the_command_line_equals_its_saved_value():
+    from mcgpo.training.run_folder import fixed_changes
+
+    fixed = lambda key: False  # noqa: E731 - every key compared
+    # --env.retries 0 is the string "0" until the environment reads it; config.toml holds 0
+    assert fixed_changes({"env.retries": 0}, {"env.retries": "0"}, fixed) == []
+    assert fixed_changes({"env.flag": True}, {"env.flag": "true"}, fixed) == []
+    assert fixed_changes({"env.retries": 0}, {"env.retries": "1"}, fixed) == [
+        "env.retries is '1' but the run was started with 0"
+    ]

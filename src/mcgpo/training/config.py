@@ -214,6 +214,11 @@ class TrainConfig:
     logits_chunk: int = _opt(0, "positions per chunk of the LM head (large vocabularies); 0 = all")
     gradient_checkpointing: bool = _opt(False, "recompute activations in backward (large models)")
     save_every: int = _opt(5, "checkpoint every k updates (and at the end); 0 = only at the end")
+    max_failed_updates: int = _opt(
+        3,
+        "stop the run (exit 1, last checkpoint kept for --resume) after this many updates "
+        "in a row whose every trajectory hit an environment error",
+    )
     sharding: str = _opt(
         "ddp",
         "update across processes: ddp (replicated) or fsdp2 (gradients and optimiser state "
@@ -273,6 +278,7 @@ class TrainConfig:
 
     def check(self) -> None:
         _at_least("train.updates", self.updates, 0)
+        _at_least("train.max_failed_updates", self.max_failed_updates, 1)
         _positive("train.lr", self.lr)
         for name in ("weight_decay", "grad_clip", "kl_coef", "entropy_coef"):
             _at_least(f"train.{name}", getattr(self, name), 0.0)

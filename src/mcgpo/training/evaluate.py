@@ -6,8 +6,9 @@ score. Held-out tasks are the first ``eval.tasks`` tasks of ``eval.split``, and 
 seed depends on the run seed only: every evaluation of a run plays the same tasks with the
 same random stream, so curves compare like with like and an evaluation is reproducible.
 
-Episodes that hit an environment error are reported (``errored``) and left out of the
-rates, as they are left out of learning.
+Episodes that hit an environment error are reported (``errored``, counting those whose
+reset failed too) and left out of the rates, as they are left out of learning; ``episodes``
+is every episode played.
 """
 
 from __future__ import annotations
@@ -97,10 +98,10 @@ def evaluate(
     tasks = list(block)
     # each episode's sampling stream follows its global index, whichever rank plays it
     options = dataclasses.replace(options, group_offset=block.start)
-    table = None
+    table, errored = None, 0
     bar = ProgressBar(len(tasks), enabled=show, desc="eval", unit="episode", leave=False)
     if tasks:  # a rank can have no task when there are fewer tasks than ranks
-        table = collect(
+        rollout = collect(
             setup.model,
             setup.tokenizer,
             setup.make_env,
@@ -108,10 +109,16 @@ def evaluate(
             options,
             engine=engine,
             on_turn=bar.reach,
-        ).table
+        )
+        table, errored = rollout.table, int(rollout.stats["errored_trajectories"])
     bar.close()
-    tables = [t for t in gather_objects(table, world) if t is not None]
-    return episode_summary(union_tables(tables, group_size=1), "eval")
+    parts = gather_objects((table, errored), world)
+    tables = [t for t, _ in parts if t is not None]
+    stats = episode_summary(union_tables(tables, group_size=1), "eval")
+    # an episode whose reset failed has no row: count it from the rollouts
+    stats["eval/episodes"] = float(cfg.eval.tasks)
+    stats["eval/errored"] = float(sum(n for _, n in parts))
+    return stats
 
 
 def run_eval(cfg: RunConfig, command: str = "") -> Table:
@@ -130,6 +137,13 @@ def run_eval(cfg: RunConfig, command: str = "") -> Table:
                 flush=True,
             )
         stats = evaluate(setup, world, show=cfg.progress and world.main)
+        if world.main and stats.get("eval/errored"):
+            print(
+                f"mcgpo eval: warning: {stats['eval/errored']:.0f} of "
+                f"{stats['eval/episodes']:.0f} episodes hit an environment error (left out "
+                "of the rates)",
+                file=sys.stderr,
+            )
         if world.main:
             text = json.dumps({"command": command, "processes": world.size, **stats}, indent=2)
             atomic_write_text(setup.folder / "eval.json", text + "\n")

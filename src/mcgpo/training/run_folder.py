@@ -19,6 +19,7 @@ from typing import Any
 
 import tomli_w
 
+from mcgpo.options import parse_scalar
 from mcgpo.training.algorithms import ALGORITHMS
 from mcgpo.training.checkpoint import atomic_write_text, latest_checkpoint
 from mcgpo.training.config import ConfigError, RunConfig
@@ -49,6 +50,7 @@ RESUMABLE = {
     "device",
     "train.updates",
     "train.save_every",
+    "train.max_failed_updates",  # when to give up on a failing environment
     "env.workers",  # where the environments step never changes the rollouts
     "env.step_timeout",
     "train.old_logprobs_check",  # measures the pi_old mismatch, never changes the update
@@ -148,8 +150,14 @@ def fixed_changes(
         if key in now
         else f"{key} is unset but the run was started with {saved[key]!r}"
         for key in keys
-        if not may_change(key) and saved.get(key) != now.get(key)
+        if not may_change(key) and _as_read(saved.get(key)) != _as_read(now.get(key))
     ]
+
+
+def _as_read(value: Any) -> Any:
+    """A component option given on the command line is a string until its owner reads it
+    (``--env.retries 0``); compared as TOML would read it, it equals the saved ``0``."""
+    return parse_scalar(value) if isinstance(value, str) else value
 
 
 def writable_folder(path: str | Path) -> Path:

@@ -12,7 +12,10 @@ One update (reference/algorithms.md 1.4):
    ``rollout.temperature`` with the sampler's log-probs kept as pi_old (``rollout.engine``
    vllm: a colocated vLLM engine samples, and gets the new weights after step 3);
 2. drop the trajectories that hit an environment error (kept in the logs and the saved
-   rollouts, excluded from learning), then advantages and, for MCGPO, preference pairs;
+   rollouts, excluded from learning), then advantages and, for MCGPO, preference pairs; an
+   update whose every trajectory errored is a warning line naming the first error, and
+   ``train.max_failed_updates`` of them in a row stop the run (:class:`TrainingStopped`; the
+   last checkpoint, never one of those updates, is where ``--resume`` goes on);
 3. the PPO update, with the pair loss inside the same micro-batch passes;
 4. log to ``metrics.jsonl``/TensorBoard, optionally save the StepTable as Parquet;
 5. every ``eval.every`` updates: greedy-ish (T=0.4) episodes on held-out tasks; every
@@ -30,6 +33,7 @@ import time
 from typing import Any
 
 import numpy as np
+from tqdm import tqdm
 
 from mcgpo.policy.loading import holds_shards
 from mcgpo.rollout.group_rollout import Rollout
@@ -52,7 +56,11 @@ from mcgpo.training.setup import Run, setup_run
 from mcgpo.training.start_lines import cpu_size_note, train_start_line
 from mcgpo.training.update import PairBatch, update_policy
 
-__all__ = ["train"]
+__all__ = ["TrainingStopped", "train"]
+
+
+class TrainingStopped(RuntimeError):
+    """The run stopped before its last update (one line: why, and how to go on)."""
 
 
 def train(cfg: RunConfig, command: str = "") -> Table:
@@ -99,6 +107,7 @@ def _train(run: Run) -> Table:
         _evaluate(run)  # the "before" column of the final table
     bar = ProgressBar(cfg.train.updates, run.updates_done, enabled=cfg.progress and world.main)
     run.rollouts = start_pipeline(run)  # train.async_lag >= 1: batches sampled ahead
+    failed_in_a_row, saved_at = 0, run.updates_done  # saved_at: the last checkpoint's update
     while run.updates_done < cfg.train.updates:
         update = run.updates_done + 1
         clock = time.perf_counter()
@@ -146,13 +155,20 @@ def _train(run: Run) -> Table:
         if cfg.save_rollouts:
             _save_rollouts(run, update, rollout, credit)
         bar.show(success=metrics["rollout/success_rate"])
+        failed = _learned_nothing(run, update, rollout, metrics)  # a warning line if so
+        failed_in_a_row = failed_in_a_row + 1 if failed else 0
+        if failed_in_a_row >= cfg.train.max_failed_updates:
+            bar.close()
+            run.sinks.close()
+            raise TrainingStopped(_stop_message(failed_in_a_row, update, saved_at, rollout))
 
         # 5. Evaluate and checkpoint (always after the last update).
         last = update == cfg.train.updates
         if last or (cfg.eval.every and update % cfg.eval.every == 0):
             bar.show(eval=_evaluate(run).get("eval/success", float("nan")))
-        if last or (cfg.train.save_every and update % cfg.train.save_every == 0):
-            _checkpoint(run)
+        if not failed and (last or (cfg.train.save_every and update % cfg.train.save_every == 0)):
+            _checkpoint(run)  # never an update that learned nothing: --resume plays it again
+            saved_at = update
         bar.advance()
     bar.close()
     weights = full_model_state(run.model)  # sharded in place: gathered to rank 0
@@ -181,6 +197,48 @@ def _collect(run: Run, update: int) -> tuple[Rollout, dict[str, float]]:
     return rollout, stats
 
 
+def _warn(run: Run, text: str) -> None:
+    """One warning line on the console (rank 0), above the progress bar."""
+    if run.world.main:
+        tqdm.write(f"mcgpo train: warning: {text}", file=sys.stderr)
+
+
+def _first_error(rollout: Rollout) -> str:
+    """The environment error of the rollout's first errored trajectory, cut to a line."""
+    if not rollout.errors:
+        return "unknown"
+    text = " ".join(rollout.errors[min(rollout.errors)].split())
+    return text if len(text) <= 300 else text[:300] + "..."
+
+
+def _learned_nothing(run: Run, update: int, rollout: Rollout, metrics: dict[str, float]) -> bool:
+    """True when every trajectory of the update (all ranks) hit an environment error; then
+    a warning line names the first error."""
+    total = metrics.get("rollout/trajectories", 0.0)
+    if not total or metrics.get("rollout/errored_trajectories", 0.0) < total:
+        return False
+    _warn(
+        run,
+        f"update {update}: all {total:.0f} trajectories hit an environment error, nothing "
+        f"was learned; first: {_first_error(rollout)}",
+    )
+    return True
+
+
+def _stop_message(failed: int, update: int, saved_at: int, rollout: Rollout) -> str:
+    where = (
+        f"the last checkpoint is update {saved_at}: rerun with --resume once the environment "
+        "is back"
+        if saved_at
+        else "no checkpoint yet: start the run again once the environment is back"
+    )
+    return (
+        f"updates {update - failed + 1}-{update}: every trajectory hit an environment error "
+        f"({failed} updates in a row, train.max_failed_updates); first: "
+        f"{_first_error(rollout)}; {where}"
+    )
+
+
 def _update_metrics(
     rollout: Rollout, credit: Credit, stats: dict[str, float], times: dict[str, float]
 ) -> dict[str, float]:
@@ -204,6 +262,13 @@ def _evaluate(run: Run) -> dict[str, float]:
     # a policy sharded in place cannot generate: the engine, which holds its weights, plays
     engine = run.engine if holds_shards(run.model) else None
     stats = evaluate(run, run.world, engine=engine, show=run.cfg.progress and run.world.main)
+    if stats.get("eval/errored"):
+        _warn(
+            run,
+            f"evaluation at update {run.updates_done}: {stats['eval/errored']:.0f} of "
+            f"{stats['eval/episodes']:.0f} episodes hit an environment error (left out of "
+            "the rates)",
+        )
     stats["time/eval"] = time.perf_counter() - clock
     run.sinks.write(run.updates_done, stats)
     return stats

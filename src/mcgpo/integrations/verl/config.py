@@ -61,7 +61,7 @@ __all__ = [
 ]
 
 PLUGIN_SECTIONS = ("env", "rollout", "algo")  # and train, for max_failed_updates only
-MAX_FAILED_UPDATES = 3  # mcgpo's own train.max_failed_updates default
+MAX_FAILED_UPDATES = RunConfig().train.max_failed_updates  # mcgpo's own default, defined once
 # mcgpo.rollout keys the plugin reads (the agent loop); every other one is verl's to set
 ROLLOUT_KEYS_USED = ("history", "response_format")
 # mcgpo.rollout's other keys: the verl key that governs each (refused, naming it)

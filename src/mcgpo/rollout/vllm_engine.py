@@ -90,8 +90,10 @@ from mcgpo.rollout.vllm_launch import (
     check_installed,
     check_vllm,
     engine_dtype,
+    kept_matmul_precision,
     layout,
     planned_memory_utilization,
+    scheduler_limits,
     startup_error,
 )
 from mcgpo.rollout.vllm_requests import cut_at_stop, prefill_waves, row_seeds
@@ -189,6 +191,7 @@ class VLLMEngine:
                 rows, max_model_len, device
             )
             kwargs["gpu_memory_utilization"] = self.memory_utilization
+            kwargs |= scheduler_limits(rows, max_model_len)  # what the plan counts
         if kv_gb:
             kwargs["kv_cache_memory_bytes"] = int(kv_gb * 2**30)
         if sleep:
@@ -200,7 +203,7 @@ class VLLMEngine:
         eager = self.platform == "cpu" if enforce_eager is None else enforce_eager
         started = time.perf_counter()
         try:
-            with _environment(self.layout.env):
+            with _environment(self.layout.env), kept_matmul_precision():
                 self.llm = LLM(
                     model=str(self.folder),
                     dtype=self.dtype,

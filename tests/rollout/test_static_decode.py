@@ -130,7 +130,7 @@ def reference_row(model, prompt, generator, temperature, eos, max_new):
             logits = model(input_ids=torch.tensor([ids])).logits[0, -1].float()
         cdf = torch.softmax(logits / temperature, -1).cumsum(-1)
         token = min(int(torch.searchsorted(cdf, u[step] * cdf[-1], right=True)), len(cdf) - 1)
-        lps.append(float(torch.log_softmax(logits, -1)[token]))
+        lps.append(float(torch.log_softmax(logits / temperature, -1)[token]))
         ids.append(token)
         if token in eos:
             break

@@ -1,8 +1,8 @@
 """The static-cache sampler: :func:`sample`'s results with fixed shapes, for CUDA graphs.
 
 :func:`sample_static` returns what :func:`mcgpo.rollout.sample` returns (the same
-:class:`~mcgpo.rollout.Samples`: response ids with the EOS / stop token, their log-probs at
-temperature 1, the same stopping rules), computed another way:
+:class:`~mcgpo.rollout.Samples`: response ids with the EOS / stop token, their log-probs under
+the sampling distribution, the same stopping rules), computed another way:
 
 - **Static cache.** The prompts are prefilled (each distinct prompt once, in length-sorted
   chunks of ``prefill_rows``, as the dynamic sampler does) and copied into a preallocated
@@ -46,7 +46,13 @@ import torch
 
 from mcgpo.policy.logprobs import position_ids
 from mcgpo.rollout.decode_attention import DECODE_ATTENTIONS, use_decode_attention
-from mcgpo.rollout.sampler import Samples, inverse_cdf, row_uniforms, sample
+from mcgpo.rollout.sampler import (
+    Samples,
+    inverse_cdf,
+    row_uniforms,
+    sample,
+    sampling_log_probs,
+)
 from mcgpo.rollout.stop_tables import stop_tables
 
 __all__ = ["SAMPLERS", "sample_static"]
@@ -66,8 +72,8 @@ def _columns(filled: int, length: int) -> int:
 def _pick(
     logits: torch.Tensor, temperature: float, draws: _Draws | None, step: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(token [B], log pi at T = 1 [B]) of one decode step."""
-    logp = torch.log_softmax(logits, dim=-1)
+    """(token [B], its log-prob under the sampling distribution [B]) of one decode step."""
+    logp = sampling_log_probs(logits, temperature)
     if temperature == 0 or draws is None:
         token = logits.argmax(-1)
     elif draws.uniforms is not None:  # per-row generators: the dynamic sampler's rule

@@ -2,7 +2,7 @@
 
 :class:`VLLMEngine` samples the same responses as :func:`mcgpo.rollout.sample` would, in
 the same :class:`~mcgpo.rollout.sampler.Samples` structure (response token ids, and the
-log-prob of each sampled token under the policy at temperature 1), so that
+log-prob of each sampled token under the distribution that drew it), so that
 :func:`mcgpo.rollout.collect` uses either. It is built once per run from a policy folder
 (``save_pretrained`` layout) and follows the policy's updates without a restart
 (:meth:`VLLMEngine.update_weights`). Where it runs, in what dtype and with how much
@@ -13,8 +13,10 @@ Sampling, stated exactly:
 
 - prompts are token ids (no re-tokenisation); temperature, response budget and stop strings
   are the HF path's; ``top_p = 1``, ``top_k = 0`` (the full distribution);
-- the log-prob returned for a token is vLLM's ``raw_logprobs`` (``log_softmax`` of the raw
-  logits, before temperature): the policy at temperature 1, the HF path's convention;
+- the log-prob returned for a token is vLLM's ``processed_logprobs`` (``log_softmax`` of the
+  logits divided by the temperature; with top-p 1 and top-k 0 nothing else changes them):
+  the distribution that drew the token, the HF samplers' convention (at temperature 0 the
+  raw logits' own);
 - a response ends at the first EOS id (kept, with its log-prob), at the first token after
   which the concatenated pieces ``tokenizer.decode([t])`` contain a stop string (kept), or
   after ``max_new_tokens`` -- the HF sampler's rule. vLLM is given the stop strings too so
@@ -211,7 +213,7 @@ class VLLMEngine:
                     max_model_len=max_model_len,
                     enable_prefix_caching=True,
                     enforce_eager=eager,
-                    logprobs_mode="raw_logprobs",
+                    logprobs_mode="processed_logprobs",
                     worker_extension_cls=f"{__name__}.WorkerExtension",
                     **kwargs,
                 )

@@ -147,9 +147,11 @@ def setup_run(cfg: RunConfig, command: str = "", world: World = SINGLE) -> Run:
         check_engine_installed()  # before any model work
     setup = prepare(cfg, command, kind="train", world=world)
     cfg, model = setup.cfg, setup.model
-    if cfg.rollout.engine == "vllm" and cfg.train.old_logprobs == "auto":
-        # the engine's kernels are not the update's: pi_old from a training forward, and the
-        # pi_old/* metrics measure the engine against it
+    tempered = cfg.rollout.temperature != 1
+    if (cfg.rollout.engine == "vllm" or tempered) and cfg.train.old_logprobs == "auto":
+        # the engine's kernels are not the update's, or (tempered) the sampler's
+        # log-probs are the sampling distribution's: pi_old from a training forward, and the
+        # pi_old/* metrics measure the sampler against it
         cfg = dataclasses.replace(
             cfg, train=dataclasses.replace(cfg.train, old_logprobs="recompute")
         )

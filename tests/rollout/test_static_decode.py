@@ -323,3 +323,45 @@ def test_collect_hands_decode_attention_to_the_static_sampler_only(counter_polic
     collect(model, tok, CounterEnv, [0], opts)
     collect(model, tok, CounterEnv, [0], dataclasses.replace(opts, sampler="dynamic"))
     assert seen == [("static", "sdpa"), ("dynamic", None)]
+
+
+def test_compiled_step_graphs_stay_bounded_over_calls_that_change_rows_and_buckets(
+    counter_policy, monkeypatch
+):
+    """Issue 43 item 1: four calls whose rows (8, 3, 6, 2) and prompt widths change and
+    whose steps cross 15 length buckets (8 columns each here, 256 in a run) compile at most
+    3 graphs (the first shape, one for every row count >= 2, one for a single row) and never
+    reach dynamo's limit; compiled as before (dynamic=False: a graph per rows, length and
+    bucket) they reached its default limit of 8 within the first call and ran eagerly.
+    Dynamo's graphs are counted with its "eager" backend (the same tracing and guards as
+    inductor's, without the C++ compile); the tokens equal the eager step's."""
+    import mcgpo.rollout.static_decode as sd
+
+    model, tok = counter_policy
+    monkeypatch.setattr(sd, "_COLUMN_BUCKET", 8)
+    monkeypatch.setattr(sd, "_LEN_BUCKET", 8)
+    monkeypatch.setattr(sd, "COMPILE_OPTIONS", {"backend": "eager", "dynamic": True})
+    monkeypatch.setattr(sd, "_STEP", [])
+    torch._dynamo.reset()
+    assert sd.decode_compile_stats() == {}  # nothing compiled yet
+    ids = tok("Your task is to: count to 4. The counter shows 2. step wait step " * 8)["input_ids"]
+    calls = [(8, 60, 40), (3, 110, 20), (6, 20, 30), (2, 90, 25)]  # rows, width, new tokens
+    kw = dict(temperature=1.0, eos_token_id=[-1], pad_token_id=tok.pad_token_id, sync_every=16)
+    buckets = set()
+    for rows, width, new in calls:
+        prompts = [ids[: width - 3 * i] for i in range(rows)]
+        compiled = sd.sample_static(
+            model, prompts, max_new_tokens=new, compile=True,
+            generator=torch.Generator().manual_seed(rows), **kw,
+        )  # fmt: skip
+        eager = sd.sample_static(
+            model, prompts, max_new_tokens=new, compile=False,
+            generator=torch.Generator().manual_seed(rows), **kw,
+        )  # fmt: skip
+        assert compiled.response_ids == eager.response_ids
+        buckets |= {-(-(width + t) // 8) for t in range(1, new)}
+    assert len(buckets) >= 10
+    stats = sd.decode_compile_stats()
+    assert 1 <= stats["rollout/compile_graphs"] <= 3
+    assert stats["rollout/compile_limit_hit"] == 0.0
+    torch._dynamo.reset()

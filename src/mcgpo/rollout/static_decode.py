@@ -9,9 +9,23 @@ the sampling distribution, the same stopping rules), computed another way:
   ``transformers.StaticCache`` of ``B x L`` slots (B rows rounded up to a power of two, L =
   prompt width + ``max_new_tokens`` rounded up to 256), left-aligned so that every row writes
   its next token to the same column. Nothing is reallocated while decoding, so the
-  single-token decode step has fixed shapes and can be compiled with
+  single-token decode step has fixed shapes within a call and can be compiled with
   ``torch.compile(mode="reduce-overhead")`` (CUDA graphs on a GPU; ``compile=None`` compiles
-  on CUDA only). One compiled step is kept per model and shape.
+  on CUDA only). One static cache is kept per model, for its last shape.
+- **Compiled graphs, bounded.** The step is compiled once, with dynamic shapes
+  (``dynamic=True``): the cache length and the attended columns (the length buckets below)
+  are symbols, so one graph serves every length and bucket of a row count. The row count
+  (a power of two) is not: the static cache's tensors fix it, so a call with another row
+  count compiles one more graph (at most ``log2(rows) + 1``, 8 for 128 rows); a graph is
+  never specialised to a bucket (the cache holds ``_SLACK`` columns past the last one, so
+  the attended columns are always a strict prefix). Compiled with ``dynamic=False`` (as
+  before issue 43), every (rows, length, bucket) was a graph, dynamo's ``recompile_limit``
+  (8 per code object) was met within one rollout of the paper presets (5,120 + 512 tokens:
+  22 buckets), and the step then ran eagerly, with one warning. The step runs under a
+  limit of ``RECOMPILE_LIMIT`` graphs; :func:`decode_compile_stats` counts them
+  (``rollout/compile_graphs``) and says whether the limit was reached
+  (``rollout/compile_limit_hit``). With CUDA graphs each new (rows, length, bucket) is still
+  one CUDA-graph capture (no compile).
 - **All rows run every step.** Finished rows are not dropped (that would change the shapes);
   a done mask on the device records each row's end. EOS and stop strings are checked on the
   device: each stop string is a KMP automaton over characters, run over every token's decoded
@@ -55,10 +69,16 @@ from mcgpo.rollout.sampler import (
 )
 from mcgpo.rollout.stop_tables import stop_tables
 
-__all__ = ["SAMPLERS", "sample_static"]
+__all__ = ["RECOMPILE_LIMIT", "SAMPLERS", "decode_compile_stats", "sample_static"]
 
-_LEN_BUCKET = 256  # cache length rounded up to a multiple of this (fewer recompiles)
+_LEN_BUCKET = 256  # cache length rounded up to a multiple of this (fewer reallocations)
 _COLUMN_BUCKET = 256  # gqa: a step attends to the filled columns rounded up to a multiple
+# cache columns past the rounded length: the attended columns never equal the cache's length,
+# which would specialise a graph to the last bucket (a contiguity guard)
+_SLACK = 8
+RECOMPILE_LIMIT = 64  # graphs the decode step may compile (dynamo's default: 8)
+# torch.compile's arguments for the decode step (the tests count graphs with backend "eager")
+COMPILE_OPTIONS: dict[str, Any] = {"mode": "reduce-overhead", "dynamic": True}
 
 
 def _columns(filled: int, length: int) -> int:
@@ -174,9 +194,10 @@ def _decode(
         columns = _columns(run.width + t + 1, run.mask.shape[1]) if run.buckets else None
         if run.compiled.step is not _eager:
             torch.compiler.cudagraph_mark_step_begin()
-        logits = run.compiled.step(
-            run.model, cache, run.cache_kw, token, run.next_pos + t, run.mask, column, columns
-        )
+        with _step_limits():
+            logits = run.compiled.step(
+                run.model, cache, run.cache_kw, token, run.next_pos + t, run.mask, column, columns
+            )
     lengths = length[:n].tolist()
     ids, lps = tokens[:n].tolist(), logps[:n].tolist()
     return Samples(
@@ -271,6 +292,42 @@ def sample_static(
         model.train(was_training)
 
 
+_STEP: list[Callable[..., torch.Tensor]] = []  # the compiled step, made at the first use
+
+
+def _compiled_step() -> Callable[..., torch.Tensor]:
+    """The one compiled decode step of the process (dynamo keeps its graphs on ``_eager``'s
+    code object, whichever ``torch.compile`` wrapper calls it)."""
+    if not _STEP:
+        _STEP.append(torch.compile(_eager, **COMPILE_OPTIONS))
+    return _STEP[0]
+
+
+def _step_limits() -> Any:
+    return torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT)
+
+
+def _step_graphs() -> int:
+    """Graphs dynamo holds for the decode step (its cache entries on ``_eager``'s code)."""
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    return len(_debug_get_cache_entry_list(_eager.__code__))
+
+
+def decode_compile_stats() -> dict[str, float]:
+    """``rollout/compile_graphs``: graphs compiled for the static sampler's decode step in
+    this process; ``rollout/compile_limit_hit``: 1 when they reached ``RECOMPILE_LIMIT``,
+    after which dynamo runs new shapes eagerly (with one warning). Empty when the step was
+    never compiled."""
+    if not _STEP:
+        return {}
+    graphs = _step_graphs()
+    return {
+        "rollout/compile_graphs": float(graphs),
+        "rollout/compile_limit_hit": float(graphs >= RECOMPILE_LIMIT),
+    }
+
+
 def _forward_keyword(model: Any) -> tuple[str, bool]:
     """(name of the cache argument, whether forward takes ``cache_position``)."""
     params = inspect.signature(model.forward).parameters
@@ -305,8 +362,7 @@ class _Compiled(NamedTuple):
     step: Callable[..., torch.Tensor]
 
 
-# One static cache and decode step per model, for its last (rows, length, compiled) shape:
-# a compiled step is reused across calls only with the same cache object.
+# One static cache and decode step per model, for its last (rows, length, compiled) shape.
 _STEPS: weakref.WeakKeyDictionary[Any, tuple[tuple[int, int, bool], _Compiled]] = (
     weakref.WeakKeyDictionary()
 )
@@ -320,16 +376,14 @@ class _Run:
     ):
         self.model, self.n, self.device, self.buckets = model, n, device, buckets
         self.rows = 1 << (n - 1).bit_length()  # a power of two: fewer shapes to compile
-        length = -(-need // _LEN_BUCKET) * _LEN_BUCKET
+        length = -(-need // _LEN_BUCKET) * _LEN_BUCKET + _SLACK
         self.cache_kw, self.takes_position = _forward_keyword(model)
         key = (self.rows, length, compiled)
         held = _STEPS.get(model)
         if held is not None and held[0] == key:
             held[1].cache.reset()
         else:
-            step = (
-                torch.compile(_eager, mode="reduce-overhead", dynamic=False) if compiled else _eager
-            )
+            step = _compiled_step() if compiled else _eager
             held = (key, _Compiled(_new_static_cache(model, self.rows, length), step))
             _STEPS[model] = held
         self.compiled = held[1]

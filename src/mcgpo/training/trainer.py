@@ -34,6 +34,7 @@ import numpy as np
 from mcgpo.policy.loading import holds_shards
 from mcgpo.policy.precision import compute
 from mcgpo.rollout.group_rollout import Rollout, collect
+from mcgpo.rollout.static_decode import decode_compile_stats
 from mcgpo.training.algorithms import Credit, assign_credit
 from mcgpo.training.build import collect_options, rollout_seed
 from mcgpo.training.checkpoint import save_checkpoint
@@ -139,8 +140,9 @@ def _train(run: Run) -> Table:
 
 
 def _collect(run: Run, update: int) -> tuple[Rollout, dict[str, float]]:
-    """This rank's block of the next G training tasks, N rollouts each, and the peak memory
-    of the collection; the task cursor moves on by G."""
+    """This rank's block of the next G training tasks, N rollouts each, the peak memory of
+    the collection and (compiled static sampler) its ``rollout/compile_*`` graph counts; the
+    task cursor moves on by G."""
     cfg, world = run.cfg, run.world
     block = rank_block(cfg.rollout.groups, world)
     tasks = [run.task_cursor + g for g in block]
@@ -158,7 +160,7 @@ def _collect(run: Run, update: int) -> tuple[Rollout, dict[str, float]]:
     with compute(cfg.train.precision, cfg.device):  # the sampler in the update's precision
         rollout = collect(run.model, run.tokenizer, run.make_env, tasks, options, engine=run.engine)
     run.task_cursor += cfg.rollout.groups
-    return rollout, memory.stop()
+    return rollout, {**memory.stop(), **decode_compile_stats()}
 
 
 def _update_metrics(

@@ -164,7 +164,9 @@ def setup_run(cfg: RunConfig, command: str = "", world: World = SINGLE) -> Run:
     ref_model = None
     if cfg.train.kl_coef > 0:  # the initial policy, also when resuming
         ref_model = copy.deepcopy(model).eval().requires_grad_(False)
-        ref_model = distributed_reference(ref_model, cfg.train.sharding, world)  # FSDP2
+        ref_model = distributed_reference(
+            ref_model, cfg.train.sharding, world, cfg.train.precision
+        )  # FSDP2
     updates_done, cursor = 0, cfg.seed * 1_000_000
     checkpoint = latest_checkpoint(setup.folder) if cfg.resume else None
     state = load_checkpoint(checkpoint) if checkpoint is not None else None
@@ -179,7 +181,9 @@ def setup_run(cfg: RunConfig, command: str = "", world: World = SINGLE) -> Run:
     if cfg.rollout.engine == "vllm":  # from the whole policy, before any sharding
         engine = rollout_engine(cfg, model, setup.tokenizer, setup.folder, world)
     replica = cfg.train.keep_replica(cfg.rollout.engine)
-    learner = distributed_learner(model, cfg.train.sharding, world, replica=replica)
+    learner = distributed_learner(
+        model, cfg.train.sharding, world, replica=replica, precision=cfg.train.precision
+    )
     optimizer = build_optimizer(learner, cfg.train.lr, cfg.train.weight_decay)
     if state is not None:
         load_optimizer_state(learner, optimizer, state.optimizer)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.machinery
 import os
+import shutil
 import sys
 import types
 from types import SimpleNamespace
@@ -304,7 +305,6 @@ def test_start_up_failures_are_one_line_naming_the_setting(
 ):
     import dataclasses
 
-    from mcgpo.rollout.vllm_engine import VLLMEngine
     from mcgpo.training.config import ConfigError, RunConfig
     from mcgpo.training.engine import rollout_engine
     from mcgpo.training.world import SINGLE
@@ -319,16 +319,20 @@ def test_start_up_failures_are_one_line_naming_the_setting(
     # through the trainer's builder (max_model_len 2,048 + 512 by default): the same line as
     # a ConfigError, which the CLI prints and exits 2 on
     monkeypatch.setattr("mcgpo.rollout.vllm_launch.check_vllm", lambda model, platform: None)
-    build = classmethod(lambda cls, model, tok, path, **kw: cls(folder, **kw))
-    monkeypatch.setattr(VLLMEngine, "for_policy", build)
+    written = []  # the start folder, as far as the engine reads it (config.json)
+    monkeypatch.setattr(
+        "mcgpo.training.engine.write_policy",
+        lambda model, tok, path: written.append(shutil.copytree(folder, path)),
+    )
     cfg = RunConfig(device="cuda:0")
     cfg = dataclasses.replace(
         cfg, rollout=dataclasses.replace(cfg.rollout, vllm_gpu_memory_utilization=0.4)
     )
     model = SimpleNamespace(config=SimpleNamespace(max_position_embeddings=32768))
     with pytest.raises(ConfigError) as config_err:
-        rollout_engine(cfg, model, None, folder, SINGLE)
+        rollout_engine(cfg, model, None, folder / "run", SINGLE)
     assert str(config_err.value) == message
+    assert written == [folder / "run" / "rollout-engine"]
 
 
 # ---- 5. the engine sized by the plan, the trainer's TF32 kept (issue 43 items 2 and 4) ----

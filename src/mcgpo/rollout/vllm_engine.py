@@ -150,6 +150,8 @@ class VLLMEngine:
             the CPU, CUDA graphs on a GPU.
         sleep: free the engine's GPU memory during the update (:meth:`sleep`).
         in_process: CPU only: run the engine in this process (weights synced in memory).
+        sync_folder: where the folder sync writes the new weights (default ``folder``);
+            engines that start from one shared folder each sync through their own.
     """
 
     def __init__(
@@ -167,11 +169,13 @@ class VLLMEngine:
         enforce_eager: bool | None = None,
         sleep: bool = False,
         in_process: bool | None = None,
+        sync_folder: str | Path | None = None,
     ) -> None:
         check_installed()
         from vllm import LLM
 
         self.folder = Path(folder)
+        self.sync_folder = self.folder if sync_folder is None else Path(sync_folder)
         self.platform = backend()
         if sleep and self.platform == "cpu":
             raise EngineError("rollout.vllm_sleep: vLLM's sleep mode needs a GPU")
@@ -359,8 +363,8 @@ class VLLMEngine:
 
     def _load_from_folder(self, model: Any) -> None:
         """The engine is in other processes: the weights go through its folder."""
-        write_weights(model, self.folder)
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(self.folder)})
+        write_weights(model, self.sync_folder)
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(self.sync_folder)})
 
     def close(self) -> None:
         """Stop the engine (its processes, or in-process its vLLM groups; the process group

@@ -32,6 +32,8 @@ the sampling distribution, the same stopping rules), computed another way:
   piece once per (tokenizer, stop strings, vocabulary), giving per-token state transition
   tables that the step indexes (:func:`stop_tables`). The host reads the done mask only every
   ``sync_every`` steps (one device sync) and at the end.
+- **Under autocast** (``train.precision bf16-mixed``) the sampler runs on a copy of the
+  weights in autocast's dtype, without autocast (:mod:`mcgpo.rollout.sampling_weights`).
 - **Decode attention** (``decode_attention``). ``"gqa"`` (default): for the call the model
   runs :mod:`mcgpo.rollout.decode_attention`, whose single-token steps never copy K/V per
   query head and attend to the filled cache columns rounded up to a multiple of 256 (a
@@ -54,6 +56,7 @@ from __future__ import annotations
 import inspect
 import weakref
 from collections.abc import Callable, Iterable, Sequence
+from contextlib import nullcontext
 from typing import Any, NamedTuple
 
 import torch
@@ -67,6 +70,7 @@ from mcgpo.rollout.sampler import (
     sample,
     sampling_log_probs,
 )
+from mcgpo.rollout.sampling_weights import sampling_model
 from mcgpo.rollout.stop_tables import stop_tables
 
 __all__ = ["RECOMPILE_LIMIT", "SAMPLERS", "decode_compile_stats", "sample_static"]
@@ -278,10 +282,13 @@ def sample_static(
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
+    policy = model
+    model, own_dtype = sampling_model(model)  # under autocast: a copy in its dtype
     try:
         need = max(map(len, prompts_ids)) + max_new_tokens
         compiled = device.type == "cuda" if compile is None else compile
-        with use_decode_attention(model, decode_attention):
+        no_autocast = torch.autocast(device.type, enabled=False) if own_dtype else nullcontext()
+        with no_autocast, use_decode_attention(model, decode_attention):
             run = _Run(model, n, need, device, compiled, buckets=decode_attention == "gqa")
             run.prefill(prompts_ids, pad, prefill_rows)
             return _decode(
@@ -289,7 +296,7 @@ def sample_static(
                 sync_every,
             )  # fmt: skip
     finally:
-        model.train(was_training)
+        policy.train(was_training)
 
 
 _STEP: list[Callable[..., torch.Tensor]] = []  # the compiled step, made at the first use
@@ -334,15 +341,26 @@ def _forward_keyword(model: Any) -> tuple[str, bool]:
     return ("cache" if "cache" in params else "past_key_values"), "cache_position" in params
 
 
+def cache_dtype(model: Any) -> torch.dtype:
+    """The dtype of the keys and values a forward of ``model`` computes here: autocast's
+    (``train.precision bf16-mixed``: fp32 master weights, bf16 K/V) when it is on for the
+    model's device, else the weights'."""
+    p = next(model.parameters())
+    if torch.is_autocast_enabled(p.device.type):
+        return torch.get_autocast_dtype(p.device.type)
+    return p.dtype
+
+
 def _new_static_cache(model: Any, rows: int, length: int) -> Any:
-    """A ``StaticCache`` of ``rows x length`` (transformers 5.x signature, else 4.4x-4.5x)."""
+    """A ``StaticCache`` of ``rows x length`` in :func:`cache_dtype` (transformers 5.x
+    signature, else 4.4x-4.5x)."""
     from transformers import StaticCache
 
     if "max_batch_size" in inspect.signature(StaticCache.__init__).parameters:
         p = next(model.parameters())
         return StaticCache(
             config=model.config, max_batch_size=rows, max_cache_len=length,
-            device=p.device, dtype=p.dtype,
+            device=p.device, dtype=cache_dtype(model),
         )  # fmt: skip
     return StaticCache(config=model.config, max_cache_len=length)
 
@@ -362,8 +380,8 @@ class _Compiled(NamedTuple):
     step: Callable[..., torch.Tensor]
 
 
-# One static cache and decode step per model, for its last (rows, length, compiled) shape.
-_STEPS: weakref.WeakKeyDictionary[Any, tuple[tuple[int, int, bool], _Compiled]] = (
+# One static cache and decode step per model, for its last (rows, length, compiled, dtype).
+_STEPS: weakref.WeakKeyDictionary[Any, tuple[tuple[Any, ...], _Compiled]] = (
     weakref.WeakKeyDictionary()
 )
 
@@ -378,7 +396,7 @@ class _Run:
         self.rows = 1 << (n - 1).bit_length()  # a power of two: fewer shapes to compile
         length = -(-need // _LEN_BUCKET) * _LEN_BUCKET + _SLACK
         self.cache_kw, self.takes_position = _forward_keyword(model)
-        key = (self.rows, length, compiled)
+        key = (self.rows, length, compiled, cache_dtype(model))
         held = _STEPS.get(model)
         if held is not None and held[0] == key:
             held[1].cache.reset()

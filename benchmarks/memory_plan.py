@@ -18,7 +18,7 @@ freed); docs/rollout.md prints it. With vLLM, FSDP2 keeps no replica by default
 (``train.fsdp_replica`` auto = false: each GPU holds 1/n of the fp32 weights);
 ``--vllm-replica`` prints that table with the replica kept (``train.fsdp_replica true``).
 
-    python benchmarks/memory_plan.py                 # the tables in docs/training.md, rollout.md
+    python benchmarks/memory_plan.py                 # the tables in docs/reference/memory.md, rollout.md
     python benchmarks/memory_plan.py --row-tokens 5632 --models qwen3-4b,qwen3-8b
 """
 

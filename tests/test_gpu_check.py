@@ -18,7 +18,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "benchmarks" / "gpu"
 SCRIPT = BENCH / "gpu_check.py"
-PARTS = "abcde"
+PARTS = "abcdef"
 
 
 def load(name):
@@ -88,6 +88,9 @@ def test_the_dry_run_writes_every_row_with_a_number(tmp_path):
             if measure == "mcgpo train model":
                 assert value == "2 of 2 layers"
                 continue
+            if measure == "vLLM on CUDA":  # the device cannot run it: the row says so
+                assert value == "not run" and "no vLLM" in rows[(key, measure)][1]
+                continue
             # a number, not nan, and not "missing": every switch measured is in this checkout
             assert float(value) == float(value), (key, measure, value)
     assert float(rows[("b", "padding share")][0]) < 0.5
@@ -130,6 +133,11 @@ def test_the_dry_run_writes_every_row_with_a_number(tmp_path):
         code, note = rows[("d", f"mcgpo train exit code, {run}")]
         assert code == "0" and flags in note and "not in this checkout" not in note
     assert float(rows[("d", "mcgpo train disk GB")][0]) < 2.0
+    # what training runs (issue 43): three static calls, graphs bounded, never the limit
+    graphs = [float(rows[("f", f"static call {c} graphs so far")][0]) for c in (1, 2, 3)]
+    assert 1 <= graphs[0] <= graphs[1] <= graphs[2] <= 3
+    assert float(rows[("f", "static recompile limit reached")][0]) == 0
+    assert 0 < float(rows[("f", "gradient gap / scale, compiled vs eager")][0]) < 0.2
 
 
 @pytest.mark.slow
@@ -358,11 +366,11 @@ def test_a_carried_wheel_is_installed_and_used(tmp_path):
 def test_bad_arguments_are_one_line_and_exit_2(tmp_path):
     for args, says in (
         (["--inject-fault", "a:explode"], "kind must be one of raise, hang, abort, orphan"),
-        (["--inject-fault", "f:hang"], "PART in a, b, c, d, e"),
+        (["--inject-fault", "g:hang"], "PART in a, b, c, d, e, f"),
         (["--limits", "a=soon"], "seconds must be numbers"),
         (["--limits", "b=-1"], "positive seconds"),
         (["--budget-s", "0"], "positive seconds"),
-        (["--parts", "xyz"], "letters from abcde"),
+        (["--parts", "xyz"], "letters from abcdef"),
     ):
         done = run_check(*args, out=tmp_path / "out", timeout=60)
         assert done.returncode == 2, (args, done.stderr)

@@ -9,7 +9,7 @@ temporary file, then ``os.replace``) after every group of rows, so that the rows
 before a kill or a crash survive. The file holds ``status`` (running, ok, error), ``rows``
 ([measure, value, note]), ``env`` (device and versions) and, on an error, ``why`` (one
 line). The parts live in gpu_check_sampling.py (a, c), gpu_check_update.py (b, e) and
-gpu_check_train.py (d); see gpu_check.py for what each measures.
+gpu_check_train.py (d), gpu_check_training.py (f); see gpu_check.py for what each measures.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ PARTS = {
     "c": ("gpu_check_sampling", "part_pi_old"),
     "d": ("gpu_check_train", "part_train"),
     "e": ("gpu_check_update", "part_compiled"),
+    "f": ("gpu_check_training", "part_training"),
 }
 
 

@@ -16,7 +16,7 @@ LOG_TAIL = 6000  # characters of each part's output kept in $OUT/gpu_check.log
 
 
 TITLES = {"a": "sampling", "b": "update", "c": "pi_old under bf16", "d": "mcgpo train",
-          "e": "update, compiled layers"}  # fmt: skip
+          "e": "update, compiled layers", "f": "what training runs"}  # fmt: skip
 
 
 def _static_rows(attention: str) -> list[str]:
@@ -48,8 +48,18 @@ MEASURES = {
     "d": ["mcgpo train model", *_train_rows("defaults"), *_train_rows("switches off"),
           "mcgpo train disk GB"],
     "e": [*_compiled_rows("bf16-mixed"), *_compiled_rows("bf16")],
+    "f": [*(m for c in (1, 2, 3) for m in (f"static call {c} s, bf16-mixed",
+            f"static call {c} tok/s", f"dynamic call {c} tok/s",
+            f"static call {c} graphs so far")),
+          "static recompile limit reached", "static decode % of bound, slowest call",
+          "update MFU %, checkpointing, eager layers",
+          "update MFU %, checkpointing, compiled layers", "graphs compiled, checkpointing",
+          "gradient gap / scale, compiled vs eager", "FSDP2 world 1 update MFU %, bf16-mixed",
+          "TF32 on after setup", "vLLM on CUDA"],
 }  # fmt: skip
-ORDER = "aebcd"  # sampling first (its compiles are the slowest start), the train run last
+# sampling first (its compiles are the slowest start), what training runs next, the train
+# run last
+ORDER = "afebcd"
 
 
 @dataclasses.dataclass

@@ -217,3 +217,61 @@ def test_any_micro_batch_shape_runs_the_same_graph_as_eager(rows, length, cut, s
 
 
 _MODEL: dict[str, object] = {}
+
+
+def _count_checkpoints(model) -> list[int]:
+    """Each call of a layer's checkpoint function appends 1 to the returned list."""
+    calls: list[int] = []
+    for layer in model.model.layers:
+        run = layer._gradient_checkpointing_func
+
+        def counted(fn, *args, run=run, **kwargs):
+            calls.append(1)
+            return run(fn, *args, **kwargs)
+
+        layer._gradient_checkpointing_func = counted
+    return calls
+
+
+def _old_checkpoint_layout(monkeypatch) -> None:
+    """transformers 5.9 - 5.24's layout on the installed one: the layer class's forward is
+    its own, and GradientCheckpointingLayer.__call__ checkpoints the module call."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+    from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer
+
+    def checkpointed_call(self, *args, **kwargs):  # transformers 5.17's __call__, in short
+        if self.gradient_checkpointing and self.training:
+            call = functools.partial(torch.nn.Module.__call__, self, **kwargs)
+            return self._gradient_checkpointing_func(call, *args)
+        return torch.nn.Module.__call__(self, *args, **kwargs)
+
+    monkeypatch.setattr(Qwen2DecoderLayer, "forward", Qwen2DecoderLayer.forward.__wrapped__)
+    monkeypatch.setattr(GradientCheckpointingLayer, "__call__", checkpointed_call, raising=False)
+
+
+@pytest.mark.slow  # compiles the layer graph of the test above (shared in a session)
+@pytest.mark.parametrize("layout", ["installed", "5.9-5.24"])
+def test_checkpointing_is_found_and_runs_once_per_layer_around_the_compiled_forward(
+    monkeypatch, layout
+):
+    """Issue 43 item 6: gradient checkpointing with compiled layers, in both places
+    transformers puts it: each layer is checkpointed exactly once per forward (0: the
+    detection missed it; 2: both transformers and mcgpo checkpointed), and the loss,
+    log-probs and gradients equal the eager model's within the bound derived above."""
+    from mcgpo.policy.compile import checkpoint_layout
+
+    if layout != "installed":
+        _old_checkpoint_layout(monkeypatch)
+    model = qwen2()
+    model.gradient_checkpointing_enable()
+    expected = "call" if layout != "installed" else "forward"
+    assert {checkpoint_layout(layer) for layer in model.model.layers} == {expected}
+    calls = _count_checkpoints(model)
+    ids, mask, positions = _rows(3, 12, seed=0)
+    eager = _loss_and_grads(model, ids, mask, positions, compiled=False)
+    assert len(calls) == 2  # one per layer
+    calls.clear()
+    compiled = _loss_and_grads(model, ids, mask, positions, compiled=True)
+    assert len(calls) == 2
+    _assert_close(eager, compiled)
+    assert checkpoint_layout(torch.nn.Linear(2, 2)) == "none"

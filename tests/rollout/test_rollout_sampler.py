@@ -31,25 +31,56 @@ def draw(model, tok, prompts, seed=0, **kw):
     )
 
 
+def tempered_log_probs(model, batch, temperature):
+    """[R, L] log_softmax(logits / T) of each token by a fresh full forward, by hand (T = 0:
+    the logits' own); 0 at position 0."""
+    from mcgpo.policy import position_ids
+
+    with torch.no_grad():
+        logits = model(
+            input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+            position_ids=position_ids(batch.attention_mask),
+        ).logits.float()  # fmt: skip
+    logp = torch.log_softmax(logits[:, :-1] / (temperature or 1.0), dim=-1)
+    out = torch.zeros(batch.input_ids.shape)
+    out[:, 1:] = logp.gather(-1, batch.input_ids[:, 1:, None]).squeeze(-1)
+    return out
+
+
+@pytest.mark.parametrize("sampler", ["dynamic", "static"])
 @pytest.mark.parametrize(("temperature", "prefill_rows"), [(1.0, 8), (0.7, 2), (0.0, 1)])
-def test_log_probs_equal_a_fresh_forward_pass(counter_policy, temperature, prefill_rows):
+def test_log_probs_are_the_sampling_distributions(
+    counter_policy, sampler, temperature, prefill_rows
+):
+    """The behaviour log-probs log mu of every engine are those of the distribution that drew
+    the tokens, log_softmax(logits / T) (issue 43 item 8; vLLM's processed_logprobs is
+    tests/rollout/test_vllm_engine.py); at T = 1 (and greedy) the policy's own, pi_old."""
+    from mcgpo.rollout.static_decode import SAMPLERS
+
     model, tok = counter_policy
     # left padding of 29 .. 0 tokens; with prefill_rows < 5 the prompts are prefilled in
     # length-sorted chunks whose caches are re-padded and stacked
     prompts = prompts_of_lengths(tok, [30, 1, 9, 4, 17])
-    out = draw(
-        model, tok, prompts, temperature=temperature, max_new_tokens=12, prefill_rows=prefill_rows
-    )
+    out = SAMPLERS[sampler](
+        model, prompts, temperature=temperature, max_new_tokens=12, prefill_rows=prefill_rows,
+        eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+        generator=torch.Generator().manual_seed(0),
+    )  # fmt: skip
     batch = TokenBatch.from_sequences(
         prompts, out.response_ids, out.log_probs, pad_token_id=tok.pad_token_id
     )
-    with torch.no_grad():
-        fresh = token_log_probs(model, batch.input_ids, batch.attention_mask)
     mask = batch.response_mask
     assert mask.sum() == sum(len(r) for r in out.response_ids)
-    # pi_old is the temperature-1 policy whatever the sampling temperature
-    assert torch.allclose(fresh[mask], batch.old_log_probs[mask], atol=1e-4, rtol=0)
+    mu = tempered_log_probs(model, batch, temperature)
+    assert torch.allclose(mu[mask], batch.old_log_probs[mask], atol=1e-4, rtol=0)
     assert bool((batch.old_log_probs[mask] <= 0).all())
+    with torch.no_grad():
+        policy = token_log_probs(model, batch.input_ids, batch.attention_mask)  # T = 1
+    gap = (policy[mask] - batch.old_log_probs[mask]).abs().max()
+    if temperature in (0.0, 1.0):
+        assert gap < 1e-4  # pi_old itself
+    else:
+        assert gap > 1e-2  # the sampling distribution is not the policy at T = 1
 
 
 def test_same_seed_same_samples_other_seed_other_samples(counter_policy):

@@ -130,7 +130,7 @@ def reference_row(model, prompt, generator, temperature, eos, max_new):
             logits = model(input_ids=torch.tensor([ids])).logits[0, -1].float()
         cdf = torch.softmax(logits / temperature, -1).cumsum(-1)
         token = min(int(torch.searchsorted(cdf, u[step] * cdf[-1], right=True)), len(cdf) - 1)
-        lps.append(float(torch.log_softmax(logits, -1)[token]))
+        lps.append(float(torch.log_softmax(logits / temperature, -1)[token]))
         ids.append(token)
         if token in eos:
             break
@@ -323,3 +323,123 @@ def test_collect_hands_decode_attention_to_the_static_sampler_only(counter_polic
     collect(model, tok, CounterEnv, [0], opts)
     collect(model, tok, CounterEnv, [0], dataclasses.replace(opts, sampler="dynamic"))
     assert seen == [("static", "sdpa"), ("dynamic", None)]
+
+
+def test_compiled_step_graphs_stay_bounded_over_calls_that_change_rows_and_buckets(
+    counter_policy, monkeypatch
+):
+    """Issue 43 item 1: four calls whose rows (8, 3, 6, 2) and prompt widths change and
+    whose steps cross 15 length buckets (8 columns each here, 256 in a run) compile at most
+    3 graphs (the first shape, one for every row count >= 2, one for a single row) and never
+    reach dynamo's limit; compiled as before (dynamic=False: a graph per rows, length and
+    bucket) they reached its default limit of 8 within the first call and ran eagerly.
+    Dynamo's graphs are counted with its "eager" backend (the same tracing and guards as
+    inductor's, without the C++ compile); the tokens equal the eager step's."""
+    import mcgpo.rollout.static_decode as sd
+
+    model, tok = counter_policy
+    monkeypatch.setattr(sd, "_COLUMN_BUCKET", 8)
+    monkeypatch.setattr(sd, "_LEN_BUCKET", 8)
+    monkeypatch.setattr(sd, "COMPILE_OPTIONS", {"backend": "eager", "dynamic": True})
+    monkeypatch.setattr(sd, "_STEP", [])
+    torch._dynamo.reset()
+    assert sd.decode_compile_stats() == {}  # nothing compiled yet
+    ids = tok("Your task is to: count to 4. The counter shows 2. step wait step " * 8)["input_ids"]
+    calls = [(8, 60, 40), (3, 110, 20), (6, 20, 30), (2, 90, 25)]  # rows, width, new tokens
+    kw = dict(temperature=1.0, eos_token_id=[-1], pad_token_id=tok.pad_token_id, sync_every=16)
+    buckets = set()
+    for rows, width, new in calls:
+        prompts = [ids[: width - 3 * i] for i in range(rows)]
+        compiled = sd.sample_static(
+            model, prompts, max_new_tokens=new, compile=True,
+            generator=torch.Generator().manual_seed(rows), **kw,
+        )  # fmt: skip
+        eager = sd.sample_static(
+            model, prompts, max_new_tokens=new, compile=False,
+            generator=torch.Generator().manual_seed(rows), **kw,
+        )  # fmt: skip
+        assert compiled.response_ids == eager.response_ids
+        buckets |= {-(-(width + t) // 8) for t in range(1, new)}
+    assert len(buckets) >= 10
+    stats = sd.decode_compile_stats()
+    assert 1 <= stats["rollout/compile_graphs"] <= 3
+    assert stats["rollout/compile_limit_hit"] == 0.0
+    torch._dynamo.reset()
+
+
+def _weight_cast_counter(model):
+    """(a torch.compile backend, the list it fills): every fp32 -> bf16 cast of a tensor of
+    a matmul weight's shape in the compiled graph (AOT's aten graph, where autocast's
+    casts are operations)."""
+    from torch._functorch.aot_autograd import aot_module_simplified
+
+    shapes = {tuple(p.shape) for p in model.parameters() if p.dim() == 2}
+    casts: list[tuple[int, ...]] = []
+
+    def count(graph, inputs):
+        for node in graph.graph.nodes:
+            name = str(node.target)
+            if node.op == "call_function" and ("_to_copy" in name or "convert_element" in name):
+                val = getattr(node.args[0], "meta", {}).get("val")
+                if val is None or val.dtype != torch.float32:
+                    continue
+                shape = tuple(d if isinstance(d, int) else -1 for d in val.shape)  # symbols: -1
+                if shape in shapes:
+                    casts.append(shape)
+        return graph
+
+    return (lambda gm, inputs: aot_module_simplified(gm, inputs, fw_compiler=count)), casts
+
+
+@pytest.mark.slow  # two AOT compilations of the tiny model: about 1 minute on 2 busy cores
+def test_under_autocast_the_static_sampler_runs_on_a_bf16_copy_without_weight_casts(
+    counter_policy, monkeypatch
+):
+    """Issue 43 item 7, measured on the CPU: a compiled one-token step over fp32 weights
+    under bf16 autocast holds one fp32 -> bf16 cast per matmul weight (14 here: 7 per layer;
+    the tied head's is the embedding's, which also feeds the lookup uncast), replayed at
+    every decode step. The static sampler under autocast (train.precision bf16-mixed) failed
+    outright before (keys fp32 after RoPE, values bf16, one StaticCache dtype); it now runs
+    on a bf16 copy of the weights: no weight casts in its compiled step, exactly what a
+    bf16 copy made by hand samples, and the copy follows the fp32 weights when they change."""
+    import copy as copying
+
+    import mcgpo.rollout.static_decode as sd
+    from mcgpo.policy.precision import cast_weights
+
+    model, tok = counter_policy
+    model = copying.deepcopy(model)  # its weights change below
+    backend, casts = _weight_cast_counter(model)
+    step = torch.compile(lambda ids: model(input_ids=ids).logits, backend=backend)
+    torch._dynamo.reset()
+    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+        step(torch.tensor([[3], [4]]))
+    assert len(casts) >= 14  # the suspected casts, as graph operations
+
+    casts.clear()
+    monkeypatch.setattr(sd, "COMPILE_OPTIONS", {"backend": backend, "dynamic": True})
+    monkeypatch.setattr(sd, "_STEP", [])
+    torch._dynamo.reset()
+    prompts = prompts_of_lengths(tok, [12, 5, 9])
+    kw = dict(temperature=1.0, max_new_tokens=8, eos_token_id=[-1], pad_token_id=tok.pad_token_id)
+
+    def both(compiled=True):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            mixed = sd.sample_static(
+                model, prompts, compile=compiled, generator=torch.Generator().manual_seed(0), **kw
+            )
+        half = cast_weights(copying.deepcopy(model), "bf16")  # the same weights, by hand
+        by_hand = sd.sample_static(half, prompts, generator=torch.Generator().manual_seed(0), **kw)
+        return mixed, by_hand
+
+    mixed, by_hand = both()
+    assert casts == []  # the compiled step reads bf16 weights
+    assert mixed.response_ids == by_hand.response_ids and mixed.log_probs == by_hand.log_probs
+    assert next(model.parameters()).dtype == torch.float32  # the policy itself untouched
+    with torch.no_grad():  # an optimiser step on the fp32 master weights
+        for p in model.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    moved, by_hand = both(compiled=False)
+    assert moved.response_ids == by_hand.response_ids and moved.log_probs == by_hand.log_probs
+    assert moved.log_probs != mixed.log_probs  # the copy followed the new weights
+    torch._dynamo.reset()

@@ -123,6 +123,32 @@ def test_sampled_log_probs_equal_the_training_forward_and_stops_follow_the_hf_ru
     assert all(lp <= 0 for row in out.log_probs for lp in row)
 
 
+def _worst_tempered(model, prompts, out, temperature) -> float:
+    """max |engine log-prob - log_softmax(training-forward logits / T)| over sampled tokens."""
+    worst = 0.0
+    for p, r, lp in zip(prompts, out.response_ids, out.log_probs):
+        ids = torch.tensor([list(p) + list(r)])
+        with torch.no_grad():
+            logits = model(input_ids=ids).logits[0, len(p) - 1 : -1].float()
+        ref = torch.log_softmax(logits / temperature, -1).gather(1, ids[0, len(p) :, None])
+        worst = max(worst, float((ref[:, 0] - torch.tensor(lp)).abs().max()))
+    return worst
+
+
+@pytest.mark.vllm
+def test_log_probs_at_temperature_07_are_the_sampling_distributions(served):
+    """vLLM's processed_logprobs: the distribution that drew the tokens, log_softmax(logits /
+    T), as mcgpo's samplers return (issue 43 item 8); not the policy at T = 1."""
+    engine, model, tok, prompts, eos = served
+    engine.update_weights(model)
+    out = engine.sample(
+        prompts, temperature=0.7, max_new_tokens=BUDGET, eos_token_id=eos, stop_strings=STOPS,
+        tokenizer=tok, generator=_generators(len(prompts)),
+    )  # fmt: skip
+    assert _worst_tempered(model, prompts, out, 0.7) < BOUND
+    assert _worst(model, prompts, out) > STALE  # the T = 1 log-probs are another thing
+
+
 @pytest.mark.vllm
 def test_rows_are_reproducible_from_their_own_generators(served):
     engine, model, tok, prompts, eos = served
@@ -383,14 +409,27 @@ def in_process(tmp_path_factory, texts):
     root = tmp_path_factory.mktemp("vllm-in-process")
     path = save_shaped_folder(root / "policy", "qwen2.5-1.5b", texts, seed=5, **SMALL)
     model, tok = load_policy(path)
-    engine = VLLMEngine.for_policy(
-        model, tok, root / "engine", max_model_len=512, seed=0, in_process=True
-    )
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high")  # the trainer's TF32 (train.tf32 on CUDA)
+    try:
+        engine = VLLMEngine.for_policy(
+            model, tok, root / "engine", max_model_len=512, seed=0, in_process=True
+        )
+        # vLLM's worker (CPUWorker is its GPU Worker) sets VLLM_FLOAT32_MATMUL_PRECISION,
+        # "highest", in this process as it starts
+        after_start = torch.get_float32_matmul_precision()
+    finally:
+        torch.set_float32_matmul_precision(before)
     long_prompt = tok.encode(" ".join(texts[4:9]))[:200]
     prompts = [tok.encode(t)[:40] for t in texts[4:8]] + [long_prompt]
     eos = sorted({tok.convert_tokens_to_ids("<|im_end|>"), tok.pad_token_id})
-    yield engine, model, tok, prompts, eos
+    yield engine, model, tok, prompts, eos, after_start
     engine.close()
+
+
+@pytest.mark.vllm
+def test_the_trainers_matmul_precision_survives_an_in_process_engine_start(in_process):
+    assert in_process[5] == "high"
 
 
 @pytest.mark.vllm
@@ -402,7 +441,7 @@ def test_in_memory_sync_serves_the_training_forwards_log_probs_without_the_disk(
     (< 1e-5, float32), also for a repeated 200-token prompt (prefix cache reset)."""
     from mcgpo.rollout.vllm_engine import VLLMEngine
 
-    engine, model, tok, prompts, eos = in_process
+    engine, model, tok, prompts, eos, _ = in_process
     assert engine.layout.in_process and engine.layout.sync_in_memory and engine.dtype == "float32"
 
     def no_disk(*args, **kwargs):

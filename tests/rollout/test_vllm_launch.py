@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.machinery
 import os
+import shutil
 import sys
 import types
 from types import SimpleNamespace
@@ -304,7 +305,6 @@ def test_start_up_failures_are_one_line_naming_the_setting(
 ):
     import dataclasses
 
-    from mcgpo.rollout.vllm_engine import VLLMEngine
     from mcgpo.training.config import ConfigError, RunConfig
     from mcgpo.training.engine import rollout_engine
     from mcgpo.training.world import SINGLE
@@ -319,13 +319,66 @@ def test_start_up_failures_are_one_line_naming_the_setting(
     # through the trainer's builder (max_model_len 2,048 + 512 by default): the same line as
     # a ConfigError, which the CLI prints and exits 2 on
     monkeypatch.setattr("mcgpo.rollout.vllm_launch.check_vllm", lambda model, platform: None)
-    build = classmethod(lambda cls, model, tok, path, **kw: cls(folder, **kw))
-    monkeypatch.setattr(VLLMEngine, "for_policy", build)
+    written = []  # the start folder, as far as the engine reads it (config.json)
+    monkeypatch.setattr(
+        "mcgpo.training.engine.write_policy",
+        lambda model, tok, path: written.append(shutil.copytree(folder, path)),
+    )
     cfg = RunConfig(device="cuda:0")
     cfg = dataclasses.replace(
         cfg, rollout=dataclasses.replace(cfg.rollout, vllm_gpu_memory_utilization=0.4)
     )
     model = SimpleNamespace(config=SimpleNamespace(max_position_embeddings=32768))
     with pytest.raises(ConfigError) as config_err:
-        rollout_engine(cfg, model, None, folder, SINGLE)
+        rollout_engine(cfg, model, None, folder / "run", SINGLE)
     assert str(config_err.value) == message
+    assert written == [folder / "run" / "rollout-engine"]
+
+
+# ---- 5. the engine sized by the plan, the trainer's TF32 kept (issue 43 items 2 and 4) ----
+
+
+def test_engine_steps_are_limited_to_what_the_memory_plan_counts(fake_vllm, folder, monkeypatch):
+    """Left to vLLM, an 80 GiB GPU profiles a 16,384-token step and a 1,024-row sampler
+    that the plan does not count: the engine gets the plan's rows and prefill budget."""
+    from mcgpo.rollout import vllm_engine
+
+    fake_vllm("cuda")
+    monkeypatch.setattr(vllm_engine, "_gpu_bytes", lambda device: 80 * 2**30)
+    _engine(folder, gpu_memory_utilization=0.0, rows=128, max_model_len=5632)
+    kwargs = FakeLLM.instances[-1].kwargs
+    assert kwargs["max_num_seqs"] == 128
+    assert kwargs["max_num_batched_tokens"] == 8192
+    # the planned share is the plan of exactly these limits (5,120 + 512 tokens per row)
+    plan = engine_memory(shaped_config("qwen2.5-1.5b"), rows=128, context_tokens=5632,
+                         prefill_tokens=8192)  # fmt: skip
+    assert kwargs["gpu_memory_utilization"] == round(1.1 * plan.total_bytes / (80 * 2**30), 4)
+    # a context longer than the budget: one whole context per step still fits
+    _engine(folder, rows=3, max_model_len=20_000)
+    kwargs = FakeLLM.instances[-1].kwargs
+    assert (kwargs["max_num_seqs"], kwargs["max_num_batched_tokens"]) == (3, 20_000)
+
+
+def test_the_trainers_tf32_setting_survives_the_engine_start(fake_vllm, folder, monkeypatch):
+    """vLLM's GPU worker sets torch.set_float32_matmul_precision from
+    VLLM_FLOAT32_MATMUL_PRECISION (default "highest") in the process it starts in, the
+    trainer's on CUDA; the fake does the same. The trainer's TF32 is back afterwards."""
+
+    class PrecisionSettingLLM(FakeLLM):
+        def __init__(self, **kwargs):
+            torch.set_float32_matmul_precision("highest")
+            torch.backends.cudnn.allow_tf32 = False
+            super().__init__(**kwargs)
+
+    fake_vllm("cuda")
+    monkeypatch.setattr(sys.modules["vllm"], "LLM", PrecisionSettingLLM)
+    before = torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
+    try:
+        torch.set_float32_matmul_precision("high")  # what train.tf32 true sets
+        torch.backends.cudnn.allow_tf32 = True
+        _engine(folder)
+        assert torch.get_float32_matmul_precision() == "high"
+        assert torch.backends.cudnn.allow_tf32
+    finally:
+        torch.set_float32_matmul_precision(before[0])
+        torch.backends.cudnn.allow_tf32 = before[1]

@@ -87,6 +87,11 @@ def test_from_dict_rejects_unknown_keys_and_bad_values(data, message):
         ({"rollout": {"group_size": 0}}, "rollout.group_size must be >= 1, got 0"),
         ({"rollout": {"temperature": -1}}, "rollout.temperature must be > 0 (at 0 the N"),
         ({"rollout": {"temperature": 0}}, "siblings of a task act alike), got 0.0"),
+        (
+            {"rollout": {"temperature": 0.7}, "train": {"old_logprobs": "sampler"}},
+            "train.old_logprobs sampler needs rollout.temperature 1: at 0.7 the sampler's "
+            "log-probs are the sampling distribution's",
+        ),
         ({"eval": {"temperature": -0.1}}, "eval.temperature must be >= 0.0, got -0.1"),
         ({"eval": {"every": -1}}, "eval.every must be >= 0, got -1"),
         ({"train": {"max_failed_updates": 0}}, "train.max_failed_updates must be >= 1, got 0"),

@@ -236,18 +236,22 @@ def test_bf16_mixed_smoke_run_logs_pi_old_and_memory(smoke_args, tmp_path):
 
 
 def test_tf32_is_set_on_cuda_only_and_follows_the_option():
+    """TF32 through the legacy API, so that torch.get_float32_matmul_precision() (which
+    inductor and vLLM call) still answers afterwards: set through the per-backend
+    fp32_precision attributes, it raises "mix of legacy and new APIs" (torch >= 2.9)."""
     from mcgpo.training.runtime import apply_runtime
 
-    matmul = torch.backends.cuda.matmul
-    before = matmul.fp32_precision
+    before = torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
     try:
-        matmul.fp32_precision = "ieee"
+        torch.set_float32_matmul_precision("highest")
         apply_runtime(RunConfig())  # cpu: untouched
-        assert matmul.fp32_precision == "ieee"
+        assert torch.get_float32_matmul_precision() == "highest"
         apply_runtime(RunConfig(device="cuda"))
-        assert matmul.fp32_precision == "tf32"
-        assert torch.backends.cudnn.conv.fp32_precision == "tf32"
+        assert torch.get_float32_matmul_precision() == "high"  # answers, TF32 on
+        assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
         apply_runtime(from_dict({"device": "cuda", "train": {"tf32": False}}))
-        assert matmul.fp32_precision == "ieee"
+        assert torch.get_float32_matmul_precision() == "highest"
+        assert not torch.backends.cudnn.allow_tf32
     finally:
-        matmul.fp32_precision = before
+        torch.set_float32_matmul_precision(before[0])
+        torch.backends.cudnn.allow_tf32 = before[1]

@@ -228,3 +228,16 @@ def test_resume_ignores_the_settings_the_algorithm_never_reads(tmp_path):
     ):
         check_same_run(saved, from_dict({"algo": {"name": "mcgpo"}}))
     check_same_run(saved, from_dict({"algo": {"name": "mcgpo", "lambda_pair": 1.0}}))
+
+
+@pytest.mark.parametrize(("temperature", "resolved"), [(1.0, "auto"), (0.7, "recompute")])
+def test_away_from_temperature_1_pi_old_is_recomputed(micro_model, tmp_path, temperature, resolved):
+    """The sampler's log-probs are the sampling distribution's (issue 43 item 8): at T != 1
+    they are not pi_old, so auto takes pi_old from the training forward; at T = 1 they are."""
+    cfg = from_dict(
+        {"model": str(micro_model), "out": str(tmp_path / "run"), "tensorboard": False,
+         "rollout": {"temperature": temperature}}
+    )  # fmt: skip
+    run = run_setup.setup_run(cfg)
+    assert run.cfg.train.old_logprobs == resolved
+    assert run.cfg.train.recompute_old() == (temperature != 1)

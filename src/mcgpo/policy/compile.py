@@ -14,12 +14,22 @@ runs on the response positions only, :mod:`mcgpo.policy.logprobs`).
 
 Only the layer's ``forward`` is compiled, not the module call: hooks stay outside the
 compiled region and run eagerly, which is what FSDP2 needs (its per-layer all-gather and
-reshard are forward hooks). transformers wraps the forward of its layers
-(``GradientCheckpointingLayer``) in a function that checkpoints the inner forward when
-gradient checkpointing is on; dynamo cannot trace that checkpoint call (it broke the graph
-and ran the layers eagerly, torch 2.13), so the inner forward is what is compiled, and an
-eager wrapper here checkpoints the compiled function as transformers would
-(``train.gradient_checkpointing``).
+reshard are forward hooks). Gradient checkpointing (``train.gradient_checkpointing``) lives
+in a different place in different transformers versions (:func:`checkpoint_layout`):
+
+- ``"forward"`` (transformers >= 5.25): ``GradientCheckpointingLayer`` replaces each layer
+  class's ``forward`` by a wrapper that checkpoints the inner forward. Dynamo cannot trace
+  that checkpoint call (it broke the graph and ran the layers eagerly, torch 2.13), so the
+  inner forward (the wrapper's ``__wrapped__``) is what is compiled, and an eager wrapper
+  here checkpoints the compiled function as transformers would.
+- ``"call"`` (transformers 5.9 to 5.24, the versions of the GPU images):
+  ``GradientCheckpointingLayer.__call__`` checkpoints the whole module call, which runs the
+  bound (compiled) forward: the layer's own forward is compiled and transformers'
+  checkpointing stays around it, hooks included.
+- ``"none"``: not a checkpointing layer; the forward is compiled as it is.
+
+Either way each layer is checkpointed exactly once per forward (tested on the installed
+transformers, and on a layer that has the 5.9 - 5.24 layout).
 
 Shapes: the layers are compiled with dynamic shapes from the first call (``dynamic=True``),
 so one graph serves every micro-batch of at least 2 rows and 2 positions, whatever its
@@ -53,6 +63,7 @@ import torch
 __all__ = [
     "COMPILE_SETTINGS",
     "check_compilable",
+    "checkpoint_layout",
     "compile_decoder_layers",
     "compile_enabled",
     "compile_stats",
@@ -165,34 +176,70 @@ def _call_checkpointed(
     compiled: Callable[..., Any], layer: torch.nn.Module, *args: Any, **kwargs: Any
 ) -> Any:
     """transformers' ``forward_with_checkpointing`` around the compiled inner forward: the
-    layer is checkpointed when gradient checkpointing is on, it trains and gradients are
-    on (the update's forwards pass no KV cache, so none is to be dropped here)."""
-    if layer.gradient_checkpointing and layer.training and torch.is_grad_enabled():
+    layer is checkpointed when gradient checkpointing is on (for the "call" layout: as it
+    was when the layer was bound, :func:`_bind`), it trains and gradients are on (the
+    update's forwards pass no KV cache, so none is to be dropped here). The checkpoint holds
+    the compiled function itself, so the backward's recomputation runs it too, also after
+    the layers are unbound (:func:`compiled_layers`)."""
+    on = layer.__dict__.get(_HELD, layer.gradient_checkpointing)
+    if on and layer.training and torch.is_grad_enabled():
         inner = functools.partial(_call, compiled, layer, **kwargs)
         return layer._gradient_checkpointing_func(inner, *args)
     return _call(compiled, layer, *args, **kwargs)
 
 
-def _checkpointing_layer(layer: torch.nn.Module) -> bool:
-    """Whether ``layer``'s class forward is transformers' checkpointing wrapper."""
+# "call" layout: the layer's gradient_checkpointing while it is bound (transformers' own
+# __call__ then sees False and leaves the checkpointing to _call_checkpointed)
+_HELD = "_mcgpo_gradient_checkpointing"
+
+
+def checkpoint_layout(layer: torch.nn.Module) -> str:
+    """Where ``layer``'s class checkpoints when gradient checkpointing is on (module
+    docstring): ``"forward"`` (the class ``forward`` is transformers' checkpointing wrapper),
+    ``"call"`` (its ``__call__`` checkpoints the module call) or ``"none"``."""
     try:
         from transformers.modeling_layers import GradientCheckpointingLayer
     except ImportError:  # an older transformers: the forward is the layer's own
-        return False
-    return isinstance(layer, GradientCheckpointingLayer) and hasattr(
+        return "none"
+    if not isinstance(layer, GradientCheckpointingLayer):
+        return "none"
+    # the version's layout, read off the base class (a layer's forward may carry other
+    # decorators' __wrapped__ in any version)
+    if "__call__" in vars(GradientCheckpointingLayer):
+        return "call"
+    if "__init_subclass__" in vars(GradientCheckpointingLayer) and hasattr(
         type(layer).forward, "__wrapped__"
-    )
+    ):
+        return "forward"
+    return "none"
 
 
 def _bind(layer: torch.nn.Module, dynamic: bool | None) -> None:
-    wrapped = _checkpointing_layer(layer)
-    forward = type(layer).forward.__wrapped__ if wrapped else type(layer).forward
+    layout = checkpoint_layout(layer)
+    forward = type(layer).forward.__wrapped__ if layout == "forward" else type(layer).forward
     compiled = _COMPILED.get((forward, dynamic))
     if compiled is None:
         compiled = torch.compile(forward, backend=_BACKEND, dynamic=dynamic)
         _COMPILED[(forward, dynamic)] = compiled
     # a partial, not a closure: a deep copy of the model binds the copy to the copied layer
-    layer.forward = functools.partial(_call_checkpointed if wrapped else _call, compiled, layer)
+    if layout == "call":
+        # transformers' __call__ would checkpoint the module call, and its recomputation in
+        # the backward would run the forward bound then: the eager one once the layers are
+        # unbound, whose saved tensors are not the compiled function's (CheckpointError,
+        # torch 2.13); the checkpoint moves into the bound forward, as in the "forward" layout
+        layer.__dict__[_HELD] = bool(layer.gradient_checkpointing)
+        layer.gradient_checkpointing = False
+    checkpointed = layout != "none"
+    layer.forward = functools.partial(
+        _call_checkpointed if checkpointed else _call, compiled, layer
+    )
+
+
+def _unbind(layer: torch.nn.Module) -> None:
+    """The layer's class forward again (and its own gradient checkpointing, "call" layout)."""
+    del layer.forward
+    if _HELD in layer.__dict__:
+        layer.gradient_checkpointing = layer.__dict__.pop(_HELD)
 
 
 def _is_bound(layer: torch.nn.Module) -> bool:
@@ -224,7 +271,7 @@ def eager_decoder_layers(model: torch.nn.Module) -> int:
     count = 0
     for layer in decoder_layers(model):
         if _is_bound(layer):
-            del layer.forward
+            _unbind(layer)
             count += 1
     return count
 
@@ -249,4 +296,4 @@ def compiled_layers(model: Any, enabled: bool = True) -> Iterator[int]:
         yield len(bound)
     finally:
         for layer in bound:
-            del layer.forward
+            _unbind(layer)

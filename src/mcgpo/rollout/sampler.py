@@ -8,12 +8,15 @@ see alone, and the trainer's forward pass over the right-padded ``prompt + respo
 reproduces the same log-probs.
 
 Log-probs, stated exactly: a token is *drawn* from ``softmax(logits / temperature)``
-(greedy argmax when ``temperature == 0``), but the log-prob returned for it is
-``log_softmax(logits)[token]``, the policy at temperature 1. That is the pi_old of the PPO
-ratio, as verl computes old log-probs with the actor at T=1 after sampling; returning it here
-saves that extra pass while the weights are still those used for sampling. (At T != 1 the
-ratio is then the standard off-sampler importance ratio of verl, not the sampler's own
-probability.)
+(greedy argmax when ``temperature == 0``), and the log-prob returned for it is that of the
+distribution that drew it, ``log_softmax(logits / temperature)[token]`` (``temperature ==
+0``: ``log_softmax(logits)[token]``, the policy at temperature 1). These are the behaviour
+log-probs log mu of the rollout correction (:mod:`mcgpo.objectives.correction`), the same
+for every engine (vLLM's ``processed_logprobs``; verl's convention too). At temperature 1
+they are also the policy's own log-probs, the pi_old of the PPO ratio, and reusing them
+saves the training forward that verl runs after sampling; at any other temperature pi_old
+(the policy at temperature 1, what the update differentiates) comes from that forward
+(``train.old_logprobs``).
 
 A row stops at the first EOS (kept in the response, with its log-prob, so the policy learns
 to stop), at the first token that completes a stop string (kept; the text after the stop
@@ -49,14 +52,15 @@ import torch
 
 from mcgpo.policy.logprobs import position_ids
 
-__all__ = ["Samples", "inverse_cdf", "row_uniforms", "sample"]
+__all__ = ["Samples", "inverse_cdf", "row_uniforms", "sample", "sampling_log_probs"]
 
 
 class Samples(NamedTuple):
     """What :func:`sample` returns, one entry per prompt, in prompt order."""
 
     response_ids: list[list[int]]  # sampled token ids (EOS / stop tokens included)
-    log_probs: list[list[float]]  # log pi(token | prefix) at temperature 1, same lengths
+    # log mu(token | prefix) of the sampling distribution (temperature T; T = 0: 1)
+    log_probs: list[list[float]]
 
 
 def _cache_keyword(model: Any) -> str:
@@ -259,7 +263,7 @@ def _sample(
     if isinstance(generator, list) and temperature > 0:
         uniforms = row_uniforms(generator, max_new_tokens, device)
     for step in range(max_new_tokens):
-        logp = torch.log_softmax(logits, dim=-1)
+        logp = sampling_log_probs(logits, temperature)
         if temperature == 0:
             token = logits.argmax(-1)
         elif uniforms is not None:
@@ -301,6 +305,14 @@ def _sample(
         logits = out.logits[:, -1].float()
         next_pos = next_pos + 1
     return Samples(responses, log_probs)
+
+
+def sampling_log_probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """``log_softmax(logits / temperature)``, the log-probs of the distribution a token is
+    drawn from (``temperature`` 0, greedy: the logits' own, temperature 1)."""
+    if temperature in (0, 1):
+        return torch.log_softmax(logits, dim=-1)
+    return torch.log_softmax(logits / temperature, dim=-1)
 
 
 def row_uniforms(

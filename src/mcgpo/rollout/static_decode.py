@@ -1,23 +1,39 @@
 """The static-cache sampler: :func:`sample`'s results with fixed shapes, for CUDA graphs.
 
 :func:`sample_static` returns what :func:`mcgpo.rollout.sample` returns (the same
-:class:`~mcgpo.rollout.Samples`: response ids with the EOS / stop token, their log-probs at
-temperature 1, the same stopping rules), computed another way:
+:class:`~mcgpo.rollout.Samples`: response ids with the EOS / stop token, their log-probs under
+the sampling distribution, the same stopping rules), computed another way:
 
 - **Static cache.** The prompts are prefilled (each distinct prompt once, in length-sorted
   chunks of ``prefill_rows``, as the dynamic sampler does) and copied into a preallocated
   ``transformers.StaticCache`` of ``B x L`` slots (B rows rounded up to a power of two, L =
   prompt width + ``max_new_tokens`` rounded up to 256), left-aligned so that every row writes
   its next token to the same column. Nothing is reallocated while decoding, so the
-  single-token decode step has fixed shapes and can be compiled with
+  single-token decode step has fixed shapes within a call and can be compiled with
   ``torch.compile(mode="reduce-overhead")`` (CUDA graphs on a GPU; ``compile=None`` compiles
-  on CUDA only). One compiled step is kept per model and shape.
+  on CUDA only). One static cache is kept per model, for its last shape.
+- **Compiled graphs, bounded.** The step is compiled once, with dynamic shapes
+  (``dynamic=True``): the cache length and the attended columns (the length buckets below)
+  are symbols, so one graph serves every length and bucket of a row count. The row count
+  (a power of two) is not: the static cache's tensors fix it, so a call with another row
+  count compiles one more graph (at most ``log2(rows) + 1``, 8 for 128 rows); a graph is
+  never specialised to a bucket (the cache holds ``_SLACK`` columns past the last one, so
+  the attended columns are always a strict prefix). Compiled with ``dynamic=False`` (as
+  before issue 43), every (rows, length, bucket) was a graph, dynamo's ``recompile_limit``
+  (8 per code object) was met within one rollout of the paper presets (5,120 + 512 tokens:
+  22 buckets), and the step then ran eagerly, with one warning. The step runs under a
+  limit of ``RECOMPILE_LIMIT`` graphs; :func:`decode_compile_stats` counts them
+  (``rollout/compile_graphs``) and says whether the limit was reached
+  (``rollout/compile_limit_hit``). With CUDA graphs each new (rows, length, bucket) is still
+  one CUDA-graph capture (no compile).
 - **All rows run every step.** Finished rows are not dropped (that would change the shapes);
   a done mask on the device records each row's end. EOS and stop strings are checked on the
   device: each stop string is a KMP automaton over characters, run over every token's decoded
   piece once per (tokenizer, stop strings, vocabulary), giving per-token state transition
   tables that the step indexes (:func:`stop_tables`). The host reads the done mask only every
   ``sync_every`` steps (one device sync) and at the end.
+- **Under autocast** (``train.precision bf16-mixed``) the sampler runs on a copy of the
+  weights in autocast's dtype, without autocast (:mod:`mcgpo.rollout.sampling_weights`).
 - **Decode attention** (``decode_attention``). ``"gqa"`` (default): for the call the model
   runs :mod:`mcgpo.rollout.decode_attention`, whose single-token steps never copy K/V per
   query head and attend to the filled cache columns rounded up to a multiple of 256 (a
@@ -40,19 +56,33 @@ from __future__ import annotations
 import inspect
 import weakref
 from collections.abc import Callable, Iterable, Sequence
+from contextlib import nullcontext
 from typing import Any, NamedTuple
 
 import torch
 
 from mcgpo.policy.logprobs import position_ids
 from mcgpo.rollout.decode_attention import DECODE_ATTENTIONS, use_decode_attention
-from mcgpo.rollout.sampler import Samples, inverse_cdf, row_uniforms, sample
+from mcgpo.rollout.sampler import (
+    Samples,
+    inverse_cdf,
+    row_uniforms,
+    sample,
+    sampling_log_probs,
+)
+from mcgpo.rollout.sampling_weights import sampling_model
 from mcgpo.rollout.stop_tables import stop_tables
 
-__all__ = ["SAMPLERS", "sample_static"]
+__all__ = ["RECOMPILE_LIMIT", "SAMPLERS", "decode_compile_stats", "sample_static"]
 
-_LEN_BUCKET = 256  # cache length rounded up to a multiple of this (fewer recompiles)
+_LEN_BUCKET = 256  # cache length rounded up to a multiple of this (fewer reallocations)
 _COLUMN_BUCKET = 256  # gqa: a step attends to the filled columns rounded up to a multiple
+# cache columns past the rounded length: the attended columns never equal the cache's length,
+# which would specialise a graph to the last bucket (a contiguity guard)
+_SLACK = 8
+RECOMPILE_LIMIT = 64  # graphs the decode step may compile (dynamo's default: 8)
+# torch.compile's arguments for the decode step (the tests count graphs with backend "eager")
+COMPILE_OPTIONS: dict[str, Any] = {"mode": "reduce-overhead", "dynamic": True}
 
 
 def _columns(filled: int, length: int) -> int:
@@ -66,8 +96,8 @@ def _columns(filled: int, length: int) -> int:
 def _pick(
     logits: torch.Tensor, temperature: float, draws: _Draws | None, step: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(token [B], log pi at T = 1 [B]) of one decode step."""
-    logp = torch.log_softmax(logits, dim=-1)
+    """(token [B], its log-prob under the sampling distribution [B]) of one decode step."""
+    logp = sampling_log_probs(logits, temperature)
     if temperature == 0 or draws is None:
         token = logits.argmax(-1)
     elif draws.uniforms is not None:  # per-row generators: the dynamic sampler's rule
@@ -168,9 +198,10 @@ def _decode(
         columns = _columns(run.width + t + 1, run.mask.shape[1]) if run.buckets else None
         if run.compiled.step is not _eager:
             torch.compiler.cudagraph_mark_step_begin()
-        logits = run.compiled.step(
-            run.model, cache, run.cache_kw, token, run.next_pos + t, run.mask, column, columns
-        )
+        with _step_limits():
+            logits = run.compiled.step(
+                run.model, cache, run.cache_kw, token, run.next_pos + t, run.mask, column, columns
+            )
     lengths = length[:n].tolist()
     ids, lps = tokens[:n].tolist(), logps[:n].tolist()
     return Samples(
@@ -251,10 +282,13 @@ def sample_static(
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
+    policy = model
+    model, own_dtype = sampling_model(model)  # under autocast: a copy in its dtype
     try:
         need = max(map(len, prompts_ids)) + max_new_tokens
         compiled = device.type == "cuda" if compile is None else compile
-        with use_decode_attention(model, decode_attention):
+        no_autocast = torch.autocast(device.type, enabled=False) if own_dtype else nullcontext()
+        with no_autocast, use_decode_attention(model, decode_attention):
             run = _Run(model, n, need, device, compiled, buckets=decode_attention == "gqa")
             run.prefill(prompts_ids, pad, prefill_rows)
             return _decode(
@@ -262,7 +296,43 @@ def sample_static(
                 sync_every,
             )  # fmt: skip
     finally:
-        model.train(was_training)
+        policy.train(was_training)
+
+
+_STEP: list[Callable[..., torch.Tensor]] = []  # the compiled step, made at the first use
+
+
+def _compiled_step() -> Callable[..., torch.Tensor]:
+    """The one compiled decode step of the process (dynamo keeps its graphs on ``_eager``'s
+    code object, whichever ``torch.compile`` wrapper calls it)."""
+    if not _STEP:
+        _STEP.append(torch.compile(_eager, **COMPILE_OPTIONS))
+    return _STEP[0]
+
+
+def _step_limits() -> Any:
+    return torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT)
+
+
+def _step_graphs() -> int:
+    """Graphs dynamo holds for the decode step (its cache entries on ``_eager``'s code)."""
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    return len(_debug_get_cache_entry_list(_eager.__code__))
+
+
+def decode_compile_stats() -> dict[str, float]:
+    """``rollout/compile_graphs``: graphs compiled for the static sampler's decode step in
+    this process; ``rollout/compile_limit_hit``: 1 when they reached ``RECOMPILE_LIMIT``,
+    after which dynamo runs new shapes eagerly (with one warning). Empty when the step was
+    never compiled."""
+    if not _STEP:
+        return {}
+    graphs = _step_graphs()
+    return {
+        "rollout/compile_graphs": float(graphs),
+        "rollout/compile_limit_hit": float(graphs >= RECOMPILE_LIMIT),
+    }
 
 
 def _forward_keyword(model: Any) -> tuple[str, bool]:
@@ -271,15 +341,26 @@ def _forward_keyword(model: Any) -> tuple[str, bool]:
     return ("cache" if "cache" in params else "past_key_values"), "cache_position" in params
 
 
+def cache_dtype(model: Any) -> torch.dtype:
+    """The dtype of the keys and values a forward of ``model`` computes here: autocast's
+    (``train.precision bf16-mixed``: fp32 master weights, bf16 K/V) when it is on for the
+    model's device, else the weights'."""
+    p = next(model.parameters())
+    if torch.is_autocast_enabled(p.device.type):
+        return torch.get_autocast_dtype(p.device.type)
+    return p.dtype
+
+
 def _new_static_cache(model: Any, rows: int, length: int) -> Any:
-    """A ``StaticCache`` of ``rows x length`` (transformers 5.x signature, else 4.4x-4.5x)."""
+    """A ``StaticCache`` of ``rows x length`` in :func:`cache_dtype` (transformers 5.x
+    signature, else 4.4x-4.5x)."""
     from transformers import StaticCache
 
     if "max_batch_size" in inspect.signature(StaticCache.__init__).parameters:
         p = next(model.parameters())
         return StaticCache(
             config=model.config, max_batch_size=rows, max_cache_len=length,
-            device=p.device, dtype=p.dtype,
+            device=p.device, dtype=cache_dtype(model),
         )  # fmt: skip
     return StaticCache(config=model.config, max_cache_len=length)
 
@@ -299,9 +380,8 @@ class _Compiled(NamedTuple):
     step: Callable[..., torch.Tensor]
 
 
-# One static cache and decode step per model, for its last (rows, length, compiled) shape:
-# a compiled step is reused across calls only with the same cache object.
-_STEPS: weakref.WeakKeyDictionary[Any, tuple[tuple[int, int, bool], _Compiled]] = (
+# One static cache and decode step per model, for its last (rows, length, compiled, dtype).
+_STEPS: weakref.WeakKeyDictionary[Any, tuple[tuple[Any, ...], _Compiled]] = (
     weakref.WeakKeyDictionary()
 )
 
@@ -314,16 +394,14 @@ class _Run:
     ):
         self.model, self.n, self.device, self.buckets = model, n, device, buckets
         self.rows = 1 << (n - 1).bit_length()  # a power of two: fewer shapes to compile
-        length = -(-need // _LEN_BUCKET) * _LEN_BUCKET
+        length = -(-need // _LEN_BUCKET) * _LEN_BUCKET + _SLACK
         self.cache_kw, self.takes_position = _forward_keyword(model)
-        key = (self.rows, length, compiled)
+        key = (self.rows, length, compiled, cache_dtype(model))
         held = _STEPS.get(model)
         if held is not None and held[0] == key:
             held[1].cache.reset()
         else:
-            step = (
-                torch.compile(_eager, mode="reduce-overhead", dynamic=False) if compiled else _eager
-            )
+            step = _compiled_step() if compiled else _eager
             held = (key, _Compiled(_new_static_cache(model, self.rows, length), step))
             _STEPS[model] = held
         self.compiled = held[1]

@@ -12,7 +12,10 @@ Masks:
                     sampled); prompt tokens, which hold the observations and the history,
                     and padding never carry a loss
     old_log_probs   log pi_old(token | prefix) at temperature 1 at response positions, 0
-                    elsewhere (see :func:`mcgpo.rollout.sampler.sample`)
+                    elsewhere; as collected, the sampler's log-probs (see
+                    :func:`mcgpo.rollout.sampler.sample`: at a rollout temperature other
+                    than 1 those are the sampling distribution's, and the update replaces
+                    them by a training forward)
     behaviour_log_probs
                     the sampler's own log-probs of the same tokens (the behaviour policy
                     mu; same layout): equal to ``old_log_probs`` as collected, and kept when

@@ -2,7 +2,7 @@
 
 :class:`VLLMEngine` samples the same responses as :func:`mcgpo.rollout.sample` would, in
 the same :class:`~mcgpo.rollout.sampler.Samples` structure (response token ids, and the
-log-prob of each sampled token under the policy at temperature 1), so that
+log-prob of each sampled token under the distribution that drew it), so that
 :func:`mcgpo.rollout.collect` uses either. It is built once per run from a policy folder
 (``save_pretrained`` layout) and follows the policy's updates without a restart
 (:meth:`VLLMEngine.update_weights`). Where it runs, in what dtype and with how much
@@ -13,8 +13,10 @@ Sampling, stated exactly:
 
 - prompts are token ids (no re-tokenisation); temperature, response budget and stop strings
   are the HF path's; ``top_p = 1``, ``top_k = 0`` (the full distribution);
-- the log-prob returned for a token is vLLM's ``raw_logprobs`` (``log_softmax`` of the raw
-  logits, before temperature): the policy at temperature 1, the HF path's convention;
+- the log-prob returned for a token is vLLM's ``processed_logprobs`` (``log_softmax`` of the
+  logits divided by the temperature; with top-p 1 and top-k 0 nothing else changes them):
+  the distribution that drew the token, the HF samplers' convention (at temperature 0 the
+  raw logits' own);
 - a response ends at the first EOS id (kept, with its log-prob), at the first token after
   which the concatenated pieces ``tokenizer.decode([t])`` contain a stop string (kept), or
   after ``max_new_tokens`` -- the HF sampler's rule. vLLM is given the stop strings too so
@@ -90,8 +92,10 @@ from mcgpo.rollout.vllm_launch import (
     check_installed,
     check_vllm,
     engine_dtype,
+    kept_matmul_precision,
     layout,
     planned_memory_utilization,
+    scheduler_limits,
     startup_error,
 )
 from mcgpo.rollout.vllm_requests import cut_at_stop, prefill_waves, row_seeds
@@ -146,6 +150,8 @@ class VLLMEngine:
             the CPU, CUDA graphs on a GPU.
         sleep: free the engine's GPU memory during the update (:meth:`sleep`).
         in_process: CPU only: run the engine in this process (weights synced in memory).
+        sync_folder: where the folder sync writes the new weights (default ``folder``);
+            engines that start from one shared folder each sync through their own.
     """
 
     def __init__(
@@ -163,11 +169,13 @@ class VLLMEngine:
         enforce_eager: bool | None = None,
         sleep: bool = False,
         in_process: bool | None = None,
+        sync_folder: str | Path | None = None,
     ) -> None:
         check_installed()
         from vllm import LLM
 
         self.folder = Path(folder)
+        self.sync_folder = self.folder if sync_folder is None else Path(sync_folder)
         self.platform = backend()
         if sleep and self.platform == "cpu":
             raise EngineError("rollout.vllm_sleep: vLLM's sleep mode needs a GPU")
@@ -189,6 +197,7 @@ class VLLMEngine:
                 rows, max_model_len, device
             )
             kwargs["gpu_memory_utilization"] = self.memory_utilization
+            kwargs |= scheduler_limits(rows, max_model_len)  # what the plan counts
         if kv_gb:
             kwargs["kv_cache_memory_bytes"] = int(kv_gb * 2**30)
         if sleep:
@@ -200,7 +209,7 @@ class VLLMEngine:
         eager = self.platform == "cpu" if enforce_eager is None else enforce_eager
         started = time.perf_counter()
         try:
-            with _environment(self.layout.env):
+            with _environment(self.layout.env), kept_matmul_precision():
                 self.llm = LLM(
                     model=str(self.folder),
                     dtype=self.dtype,
@@ -208,7 +217,7 @@ class VLLMEngine:
                     max_model_len=max_model_len,
                     enable_prefix_caching=True,
                     enforce_eager=eager,
-                    logprobs_mode="raw_logprobs",
+                    logprobs_mode="processed_logprobs",
                     worker_extension_cls=f"{__name__}.WorkerExtension",
                     **kwargs,
                 )
@@ -354,8 +363,8 @@ class VLLMEngine:
 
     def _load_from_folder(self, model: Any) -> None:
         """The engine is in other processes: the weights go through its folder."""
-        write_weights(model, self.folder)
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(self.folder)})
+        write_weights(model, self.sync_folder)
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(self.sync_folder)})
 
     def close(self) -> None:
         """Stop the engine (its processes, or in-process its vLLM groups; the process group

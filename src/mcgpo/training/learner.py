@@ -24,21 +24,24 @@ __all__ = [
     "full_optimizer_state",
     "gradient_sync",
     "load_optimizer_state",
+    "mixed_precision",
     "shard_policy",
     "sharded",
     "zero_backward",
 ]
 
 
-def distributed_learner(model: Any, sharding: str, world: World, *, replica: bool = True) -> Any:
+def distributed_learner(
+    model: Any, sharding: str, world: World, *, replica: bool = True, precision: str = "fp32"
+) -> Any:
     """What the update runs on W > 1 ranks: DDP around ``PolicyForward(model)``, or
-    (``"fsdp2"``) a sharded copy of it (:func:`shard_policy`), or with ``replica`` false
-    ``model`` itself sharded in place (no full copy is left on any rank); ``model`` itself
-    when W = 1."""
+    (``"fsdp2"``) a sharded copy of it (:func:`shard_policy`, in ``precision``), or with
+    ``replica`` false ``model`` itself sharded in place (no full copy is left on any rank);
+    ``model`` itself when W = 1."""
     if world.size == 1:
         return model
     if sharding == "fsdp2":
-        return shard_policy(model, copy_model=replica)
+        return shard_policy(model, copy_model=replica, precision=precision)
     if sharding != "ddp":
         raise ConfigError(f"train.sharding must be ddp or fsdp2, got {sharding!r}")
     from torch.nn.parallel import DistributedDataParallel
@@ -51,7 +54,7 @@ def distributed_learner(model: Any, sharding: str, world: World, *, replica: boo
     return DistributedDataParallel(wrapped, device_ids=device_ids, broadcast_buffers=False)
 
 
-def shard_policy(model: Any, *, copy_model: bool = True) -> Any:
+def shard_policy(model: Any, *, copy_model: bool = True, precision: str = "fp32") -> Any:
     """``PolicyForward`` around a copy of ``model`` (``model`` itself, sharded in place, when
     ``copy_model`` is false), with ``fully_shard`` on each transformer block and on the
     wrapper (the root, whose forward also runs the chunked head).
@@ -60,6 +63,11 @@ def shard_policy(model: Any, *, copy_model: bool = True) -> Any:
     Face names its decoder layer there, e.g. ``Qwen2DecoderLayer``); the root unit holds the
     rest (embeddings, final norm, a tied or untied head). The mesh is every rank, on the
     model's device type. Each rank keeps ``1/W`` of every parameter (dim 0, padded).
+
+    ``precision`` (``train.precision``) "bf16-mixed": FSDP2's mixed-precision policy
+    (:func:`mixed_precision`): the fp32 shards are all-gathered as bf16 and the gradients
+    reduce-scattered in fp32, verl's FSDP convention; without it both went in fp32 (twice
+    the bytes) and autocast re-cast every weight at every micro-batch.
     """
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
@@ -68,14 +76,31 @@ def shard_policy(model: Any, *, copy_model: bool = True) -> Any:
     device = next(learner.parameters()).device
     mesh = init_device_mesh(device.type, (torch.distributed.get_world_size(),))
     blocks = set(getattr(learner.policy, "_no_split_modules", None) or ())
+    policy = mixed_precision(precision)
     for module in list(learner.modules())[1:]:
         if type(module).__name__ in blocks:
-            fully_shard(module, mesh=mesh)
-    fully_shard(learner, mesh=mesh)
+            fully_shard(module, mesh=mesh, **policy)
+    fully_shard(learner, mesh=mesh, **policy)
     return learner
 
 
-def distributed_reference(ref_model: Any, sharding: str, world: World) -> Any:
+def mixed_precision(precision: str) -> dict[str, Any]:
+    """``fully_shard``'s ``mp_policy`` for ``train.precision``: bf16 parameters in the
+    forward and backward, fp32 gradient reduction (and accumulation across micro-batches
+    without a sync) for "bf16-mixed"; nothing otherwise (fp32 is fp32; pure bf16 weights
+    are bf16 already)."""
+    if precision != "bf16-mixed":
+        return {}
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    return {
+        "mp_policy": MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    }
+
+
+def distributed_reference(
+    ref_model: Any, sharding: str, world: World, precision: str = "fp32"
+) -> Any:
     """The KL reference the update runs beside the learner: with ``"fsdp2"`` on W > 1
     ranks sharded like it, in place (each rank keeps ``1/W`` of the frozen fp32 weights
     instead of all of them; its forwards become collectives, which :func:`zero_backward`'s
@@ -83,7 +108,8 @@ def distributed_reference(ref_model: Any, sharding: str, world: World) -> Any:
     DDP). Sharded as soon as it is copied, so that setup never holds three full copies."""
     if ref_model is None or world.size == 1 or sharding != "fsdp2":
         return ref_model
-    return shard_policy(ref_model, copy_model=False).eval().requires_grad_(False)
+    sharded_ref = shard_policy(ref_model, copy_model=False, precision=precision)
+    return sharded_ref.eval().requires_grad_(False)
 
 
 def sharded(model: Any) -> bool:

@@ -56,6 +56,7 @@ import torch
 
 from mcgpo.policy.precision import compute
 from mcgpo.rollout.group_rollout import Rollout, collect
+from mcgpo.rollout.static_decode import decode_compile_stats
 from mcgpo.training.build import collect_options, rollout_seed
 from mcgpo.training.distributed import gather_objects, rank_block
 from mcgpo.training.metrics import PeakMemory
@@ -87,7 +88,8 @@ def collect_batch(
 ) -> tuple[Rollout, dict]:
     """This rank's block of the G training tasks from ``task_cursor`` on, N rollouts each,
     sampled by ``model`` with the seed of batch ``number``; with the collection's peak memory
-    and its seconds of environment steps and of decoding (``time/env``, ``time/decode``).
+    and its seconds of environment steps and of decoding (``time/env``, ``time/decode``),
+    and (compiled static sampler) its ``rollout/compile_*`` graph counts.
     ``tokenizer``: the run's, unless given (the producer's own copy)."""
     cfg, world = run.cfg, run.world
     block = rank_block(cfg.rollout.groups, world)
@@ -109,7 +111,7 @@ def collect_batch(
     stats = memory.stop()
     stats["time/env"] = rollout.stats.get("env_seconds", 0.0)
     stats["time/decode"] = rollout.stats.get("sample_seconds", 0.0)
-    return rollout, stats
+    return rollout, stats | decode_compile_stats()  # compiled static sampler: its graphs
 
 
 def start_pipeline(run: Any) -> RolloutPipeline | None:

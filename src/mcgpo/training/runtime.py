@@ -61,12 +61,9 @@ def process_threads(threads: int, local_world: int | None = None, cores: int | N
 
 
 def _set_tf32(enabled: bool) -> None:
-    """TF32 for float32 matmuls and convolutions on CUDA (torch >= 2.9 API, else the old)."""
-    mode = "tf32" if enabled else "ieee"
-    matmul = torch.backends.cuda.matmul
-    if hasattr(torch.backends, "fp32_precision"):  # mixing it with allow_tf32 is an error
-        matmul.fp32_precision = mode
-        torch.backends.cudnn.conv.fp32_precision = mode
-    else:
-        matmul.allow_tf32 = enabled
-        torch.backends.cudnn.allow_tf32 = enabled
+    """TF32 for float32 matmuls and convolutions on CUDA, through the API that
+    ``torch.get_float32_matmul_precision()`` reads ("high" or "highest"). The newer
+    per-backend ``fp32_precision`` attributes are not used: once they are set, that getter
+    raises ("mix of legacy and new APIs", torch >= 2.9), and inductor and vLLM call it."""
+    torch.set_float32_matmul_precision("high" if enabled else "highest")
+    torch.backends.cudnn.allow_tf32 = enabled

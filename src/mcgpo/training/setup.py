@@ -156,9 +156,11 @@ def setup_run(cfg: RunConfig, command: str = "", world: World = SINGLE) -> Run:
     check_trackers_installed(cfg.trackers())
     setup = prepare(cfg, command, kind="train", world=world)
     cfg, model = setup.cfg, setup.model
-    if cfg.rollout.engine == "vllm" and cfg.train.old_logprobs == "auto":
-        # the engine's kernels are not the update's: pi_old from a training forward, and the
-        # pi_old/* metrics measure the engine against it
+    tempered = cfg.rollout.temperature != 1
+    if (cfg.rollout.engine == "vllm" or tempered) and cfg.train.old_logprobs == "auto":
+        # the engine's kernels are not the update's, or (tempered) the sampler's
+        # log-probs are the sampling distribution's: pi_old from a training forward, and the
+        # pi_old/* metrics measure the sampler against it
         cfg = dataclasses.replace(
             cfg, train=dataclasses.replace(cfg.train, old_logprobs="recompute")
         )
@@ -171,7 +173,9 @@ def setup_run(cfg: RunConfig, command: str = "", world: World = SINGLE) -> Run:
     ref_model = None
     if cfg.train.kl_coef > 0:  # the initial policy, also when resuming
         ref_model = copy.deepcopy(model).eval().requires_grad_(False)
-        ref_model = distributed_reference(ref_model, cfg.train.sharding, world)  # FSDP2
+        ref_model = distributed_reference(
+            ref_model, cfg.train.sharding, world, cfg.train.precision
+        )  # FSDP2
     updates_done, cursor = 0, cfg.seed * 1_000_000
     state, notes, pending = None, [], []
     if cfg.resume:
@@ -185,7 +189,9 @@ def setup_run(cfg: RunConfig, command: str = "", world: World = SINGLE) -> Run:
     if cfg.rollout.engine == "vllm":  # from the whole policy, before any sharding
         engine = rollout_engine(cfg, model, setup.tokenizer, setup.folder, world)
     replica = cfg.train.keep_replica(cfg.rollout.engine)
-    learner = distributed_learner(model, cfg.train.sharding, world, replica=replica)
+    learner = distributed_learner(
+        model, cfg.train.sharding, world, replica=replica, precision=cfg.train.precision
+    )
     optimizer = build_optimizer(learner, cfg.train.lr, cfg.train.weight_decay)
     if state is not None:
         load_optimizer_state(learner, optimizer, state.optimizer)

@@ -30,12 +30,14 @@ from typing import Any
 
 import torch
 
+from mcgpo.policy.lora import AdaptersOff
 from mcgpo.training.build import (
     build_optimizer,
     env_factory,
     load_model,
     response_format_for,
     typed_env_options,
+    wrap_lora,
 )
 from mcgpo.training.checkpoint import (
     atomic_write_text,
@@ -81,7 +83,9 @@ class RunSetup:
 class Run(RunSetup):
     """What the training loop works with. ``updates_done`` and ``task_cursor`` advance."""
 
-    ref_model: Any  # frozen initial policy for the KL term (None when kl_coef == 0)
+    # frozen initial policy for the KL term (None when kl_coef == 0; with LoRA the policy
+    # itself with its adapters off, mcgpo.policy.lora.AdaptersOff)
+    ref_model: Any
     optimizer: torch.optim.Optimizer
     sinks: MetricSinks | SilentSinks  # SilentSinks on ranks other than 0
     updates_done: int  # updates completed
@@ -159,14 +163,22 @@ def setup_run(cfg: RunConfig, command: str = "", world: World = SINGLE) -> Run:
             cfg.train, rollout_correction=cfg.train.correction(cfg.rollout.engine)
         )
         cfg = setup.cfg = dataclasses.replace(cfg, train=train)
+    lora = cfg.train.lora_rank > 0
+    if lora:  # adapters on the base, which stays frozen (mcgpo.policy.lora)
+        model = _with_lora(setup, world)
     ref_model = None
-    if cfg.train.kl_coef > 0:  # the initial policy, also when resuming
+    if cfg.train.kl_coef > 0 and lora:  # the base: adapters off, no second copy
+        ref_model = AdaptersOff(model)
+    elif cfg.train.kl_coef > 0:  # the initial policy, also when resuming
         ref_model = copy.deepcopy(model).eval().requires_grad_(False)
         ref_model = distributed_reference(ref_model, cfg.train.sharding, world)  # FSDP2
     updates_done, cursor = 0, cfg.seed * 1_000_000
     checkpoint = latest_checkpoint(setup.folder) if cfg.resume else None
     state = load_checkpoint(checkpoint) if checkpoint is not None else None
-    if state is not None:
+    if state is not None and lora:  # the checkpoint holds the adapters only
+        _load_adapters(model, state.model_path)
+        updates_done, cursor = state.update, state.task_cursor
+    elif state is not None:
         model, _ = load_model(cfg, state.model_path)
         updates_done, cursor = state.update, state.task_cursor
     if cfg.train.gradient_checkpointing:
@@ -200,6 +212,36 @@ def setup_run(cfg: RunConfig, command: str = "", world: World = SINGLE) -> Run:
         learner=learner,
         engine=engine,
     )
+
+
+def _with_lora(setup: RunSetup, world: World) -> Any:
+    """``setup.model`` with the run's LoRA adapters (``train.lora_*``). The adapter folders
+    name their base model's folder: ``--model``'s, or for the tiny model (built, not
+    loaded) ``<out>/base``, which rank 0 writes once."""
+    from mcgpo.policy import save_policy
+
+    cfg = setup.cfg
+    if world.size > 1 and cfg.train.sharding == "fsdp2":
+        raise ConfigError(
+            "train.lora_rank with train.sharding fsdp2 is not supported; use ddp (with LoRA "
+            "only the adapters' gradients are reduced)"
+        )
+    base: Path | str = cfg.model
+    if cfg.model == "tiny":
+        base = setup.folder / "base"
+        if world.main and not (base / "config.json").is_file():
+            save_policy(setup.model, setup.tokenizer, base)
+        barrier(world)
+    return wrap_lora(cfg, setup.model, base)
+
+
+def _load_adapters(model: Any, path: Path) -> None:
+    from mcgpo.policy.lora import LoraError, load_adapter_state
+
+    try:
+        load_adapter_state(model, path)
+    except LoraError as err:
+        raise ConfigError(f"resume: {err}") from None
 
 
 def _check_compilable(cfg: RunConfig, model: Any) -> None:

@@ -4,6 +4,12 @@ exact resume, DDP = one process, and bad LoRA options as one line, exit 2."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -52,25 +58,50 @@ def test_lora_run_leaves_an_adapter_folder_and_a_merged_model(smoke_args, micro_
 
 
 @pytest.mark.slow
-def test_lora_resume_equals_the_uninterrupted_run(smoke_args, tmp_path):
+def test_lora_resume_after_sigkill_equals_the_uninterrupted_run(smoke_args, tmp_path):
+    """A run SIGKILLed once its first checkpoint (adapters, AdamW, RNG, cursor) is written,
+    then resumed, ends with the uninterrupted run's adapters and optimiser state, bit for
+    bit (--deterministic, one thread; as tests/training/test_resume.py for full weights)."""
     whole, parts = tmp_path / "whole", tmp_path / "parts"
-
-    def run(out, *extra):
-        assert main(smoke_args(out, *LORA, "--deterministic", "--threads", "1", *extra)) == 0
-
-    run(whole, "--train.updates", "3")
-    run(parts, "--train.updates", "2")
-    run(parts, "--train.updates", "3", "--resume")
+    args = (*LORA, "--deterministic", "--threads", "1", "--train.updates", "3")
+    assert main(smoke_args(whole, *args)) == 0
+    _killed_after_first_checkpoint(smoke_args(parts, *args))
+    assert not (parts / "model").exists()  # it did not finish
+    assert main(smoke_args(parts, *args, "--resume")) == 0
     a, b = adapters(whole / "model"), adapters(parts / "model")
     assert a.keys() == b.keys()
     for key in a:
         assert torch.equal(a[key], b[key]), key
     sa, sb = (load_checkpoint(latest_checkpoint(f)) for f in (whole, parts))
+    assert sa.update == sb.update == 3
     assert len(sa.optimizer["state"]) == 14  # AdamW holds the adapters' moments only
     for x, y in zip(sa.optimizer["state"].values(), sb.optimizer["state"].values()):
         assert torch.equal(x["exp_avg"], y["exp_avg"]) and torch.equal(
             x["exp_avg_sq"], y["exp_avg_sq"]
         )
+
+
+def _killed_after_first_checkpoint(args: list[str]) -> None:
+    """``python -m mcgpo ARGS`` in its own process group, SIGKILLed once a checkpoint is
+    complete (``checkpoints/latest`` written)."""
+    out = Path(args[args.index("--out") + 1])
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2] / "src")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mcgpo", *args], env=env, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    latest = out / "checkpoints" / "latest"
+    deadline = time.monotonic() + 600
+    try:
+        while time.monotonic() < deadline and proc.poll() is None:
+            if latest.is_file() and latest.read_text().strip():
+                break
+            time.sleep(0.05)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+    assert latest.is_file(), "the run wrote no checkpoint before it was killed"
 
 
 @pytest.mark.slow

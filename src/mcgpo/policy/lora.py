@@ -7,6 +7,10 @@ works unchanged; the base weights are frozen and only the adapters train. Each a
 linear layer computes ``W x + (alpha / r) B A x`` with ``A`` random (Kaiming-uniform, PEFT's
 default, drawn under a forked RNG seeded by the run's seed, so the caller's RNG is
 untouched) and ``B = 0``: the first forward equals the base model's exactly (tested).
+The adapters are float32 whatever the base's dtype (PEFT's ``get_peft_model`` default,
+``autocast_adapter_dtype``): with ``train.precision bf16`` the frozen base is bf16 (2 bytes
+a parameter) while the adapters and their AdamW moments stay float32, so the small LoRA
+updates are not rounded away on a bf16 grid.
 
 The KL reference is the same weights with the adapters switched off (:class:`AdaptersOff`,
 read through :func:`reference_forward`): ``W x`` exactly, the initial policy, with no
@@ -79,6 +83,7 @@ def add_lora(
     PEFT cannot wrap a matched module.
     """
     from peft import LoraConfig, inject_adapter_in_model
+    from peft.tuners.tuners_utils import cast_adapter_dtype
 
     if rank < 1:
         raise LoraError(f"LoRA rank must be >= 1, got {rank}")
@@ -97,6 +102,7 @@ def add_lora(
         torch.manual_seed(seed)
         try:
             inject_adapter_in_model(config, model, adapter_name=ADAPTER)
+            cast_adapter_dtype(model, ADAPTER)  # float32 adapters on a bf16 base, as PEFT's
         except (ValueError, TypeError, KeyError) as err:
             first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             raise LoraError(f"PEFT cannot wrap {type(model).__name__}: {first}") from None

@@ -23,7 +23,7 @@ A third table (``--lora``) compares full fine-tuning with LoRA (``train.lora_ran
 (bf16-mixed): the adapters and their AdamW state, the reference for free (the base with the
 adapters off); docs/lora.md prints it.
 
-    python benchmarks/memory_plan.py                 # the tables in docs/training.md, rollout.md
+    python benchmarks/memory_plan.py                 # the tables in docs/reference/memory.md, rollout.md
     python benchmarks/memory_plan.py --lora --models qwen2.5-1.5b,qwen2.5-7b   # docs/lora.md
     python benchmarks/memory_plan.py --row-tokens 5632 --models qwen3-4b,qwen3-8b
 """

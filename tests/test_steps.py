@@ -82,7 +82,7 @@ def test_missing_field(name):
         ("turn", True, r"^row 1: field 'turn' must be an integer, got True$"),
         ("reward", "10", r"^row 1: field 'reward' must be a number, got '10'$"),
         ("reward", None, r"^row 1: field 'reward' must be a number, got None$"),
-        ("success", False, r"^row 1: field 'success' must be a number, got False$"),
+        ("reward", False, r"^row 1: field 'reward' must be a number, got False$"),
         ("done", 2, r"^row 1: field 'done' must be a boolean, got 2$"),
         ("action_valid", "yes", r"^row 1: field 'action_valid' must be a boolean, got 'yes'$"),
         ("anchor", 3, r"^row 1: field 'anchor' must be a string, got int$"),
@@ -91,6 +91,17 @@ def test_missing_field(name):
 )
 def test_wrong_types(field, value, message):
     fails([rec(1, 0), {**rec(1, 1), field: value}], message)
+
+
+def test_success_accepts_python_and_numpy_bools():
+    # success is a 0/1 outcome: True / False read as 1.0 / 0.0 (from records and columns)
+    rows = [rec(1, 0, done=True, success=True, score=1.0), rec(2, 0, done=True, success=False)]
+    table = StepTable.from_records(rows)
+    assert table.success.dtype == np.float64 and table.success.tolist() == [1.0, 0.0]
+    columns = {name: [row[name] for row in rows] for name in rows[0]}
+    columns["success"] = np.array([True, False])
+    assert StepTable.from_columns(columns).success.tolist() == [1.0, 0.0]
+    fails([rec(1, 0), {**rec(1, 1), "success": 0.5}], r"^row 1: field 'success' must be 0 or 1$")
 
 
 def test_bool_accepts_zero_and_one():

@@ -75,7 +75,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 PARTS_SCRIPT = HERE / "gpu_check_parts.py"
 # seconds per part, counted from the end of its start-up (limit), GPU and dry run: within
-# the 450 s default budget the expected total is about 300 s (docs/training.md)
+# the 450 s default budget the expected total is about 300 s (docs/reference/gpu.md)
 LIMITS = {"gpu": {"a": 240, "b": 90, "c": 60, "d": 120, "e": 150},
           "dry": {"a": 300, "b": 300, "c": 300, "d": 300, "e": 600}}  # fmt: skip
 # seconds a part may take to start up (interpreter, torch, transformers, CUDA context)
@@ -134,7 +134,7 @@ def ensure_dependencies(wheels: Path | None, site: Path) -> list[str]:
         raise CheckError(
             f"missing Python package(s) {names} ({'; '.join(missing)}) and no wheel for them in "
             f"{where}: run benchmarks/gpu/gpu_wheels.sh where pip works and name .whl in the run's "
-            f"carry (docs/training.md, 'The device check')"
+            f"carry (docs/reference/gpu.md, 'The device check')"
         )
     return [w.name for w in found.values()]
 

@@ -8,7 +8,7 @@
 # Which ones: benchmarks/gpu/gpu_check_deps.py compares pyproject.toml's [project] dependencies
 # with the image's package list in the device docs (KINDS.md; IMAGE= names another list, one
 # name per line). Then every wheel's own requirements are checked against the image and the
-# folder, and there must be one version per distribution (docs/training.md, "The device check").
+# folder, and there must be one version per distribution (docs/reference/gpu.md, "The device check").
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 py=${PYTHON:-.venv/bin/python}

@@ -66,8 +66,11 @@ def _add_field(group: Any, dest: str, f: Any, default: Any) -> None:
         extra = {"nargs": "?", "const": "true", "metavar": "BOOL"}
     else:
         extra = {"metavar": kind.__name__.upper()}
+    flags = [_flag(dest)]
+    if "_" in dest and "." not in dest:  # --report_to as Hugging Face's Trainer spells it
+        flags.append("--" + dest)
     group.add_argument(
-        _flag(dest),
+        *flags,
         dest=dest,
         default=argparse.SUPPRESS,
         help=f"{f.metadata.get('help', '')} (default: {shown})",
@@ -135,9 +138,20 @@ def build_parser() -> argparse.ArgumentParser:
         commands.add_parser(name, help=summary, add_help=False)
     commands.add_parser("presets", help="list the shipped presets and the command of each")
     report = commands.add_parser(
-        "report", help="held-out success of run folders side by side (sft and train runs)"
+        "report",
+        help="held-out success of run folders side by side (sft and train runs); --plot "
+        "draws their curves",
     )
-    report.add_argument("folders", nargs="+", metavar="RUN", help="run folders, in order")
+    # "*" and checked in _plot_target: --plot RUN (no PATH.png) leaves no folder to argparse
+    report.add_argument("folders", nargs="*", metavar="RUN", help="run folders, in order")
+    report.add_argument(
+        "--plot",
+        nargs="?",
+        const="",
+        metavar="PATH.png",
+        help="also draw the runs' curves from metrics.jsonl (success, return, losses) to "
+        "PATH.png (default: RUN/curves.png for one run, curves.png for several)",
+    )
     return parser
 
 
@@ -225,6 +239,33 @@ def _print_report(folders: list[str]) -> None:
     print(Table.from_metrics("held-out success (" + ", ".join(folders) + ")", columns).render())
 
 
+def _plot_target(folders: list[str], plot: str | None) -> tuple[list[str], Path | None]:
+    """The run folders and the PNG of ``report --plot``: a ``--plot`` value that does not end
+    in .png is the first run folder (``report --plot runs/a``); no path: RUN/curves.png for
+    one run, curves.png for several."""
+    if plot and not plot.lower().endswith(".png"):
+        folders, plot = [plot, *folders], ""
+    if not folders:
+        raise UsageError("report: name at least one run folder")
+    if plot is None:
+        return folders, None
+    if plot:
+        return folders, Path(plot)
+    return folders, Path(folders[0]) / "curves.png" if len(folders) == 1 else Path("curves.png")
+
+
+def _plot_report(folders: list[str], path: Path) -> None:
+    from mcgpo.training.curves import plot_runs
+
+    try:
+        plot_runs([Path(f) for f in folders], path)
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+    except OSError as err:
+        raise UsageError(f"--plot {str(path)!r}: cannot write ({err.strerror})") from None
+    print(f"curves: {path}")
+
+
 def _bench(argv: list[str]) -> int:
     from mcgpo.bench.commands import bench_main
 
@@ -286,7 +327,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             _print_presets()
             return 0
         if command == "report":
-            _print_report(parser.parse_args(argv).folders)
+            args = parser.parse_args(argv)
+            folders, plot = _plot_target(args.folders, args.plot)
+            _print_report(folders)
+            if plot is not None:
+                _plot_report(folders, plot)
             return 0
         if any(a in ("-h", "--help") for a in argv[1:]):
             parser.parse_args([command, "--help"])

@@ -108,7 +108,8 @@ class StepTable:
         Required keys: ``group traj slot turn reward done success score action action_valid
         anchor``; ``next_anchor`` defaults to the anchor of the next turn of the same
         trajectory ("" after the last turn); the context fields default to "".
-        Unknown keys are an error.
+        ``success`` may be a bool (``True`` / ``False`` read as 1.0 / 0.0). Unknown keys are
+        an error.
         """
         if isinstance(rows, (Mapping, str, bytes)) or not isinstance(rows, Sequence):
             raise StepTableError("from_records expects a list of dicts, one per agent turn")
@@ -308,6 +309,11 @@ def _with_dense_ids(columns: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+# Float columns that hold a 0/1 outcome: Python and numpy bools are taken as 0.0 / 1.0 there
+# (``success=True``), while a bool in any other number column (a reward, a turn) is an error.
+_OUTCOME_FLAGS = frozenset({"success"})
+
+
 def _coerce(name: str, kind: str, values: Iterable[Any]) -> np.ndarray:
     raw = values if isinstance(values, np.ndarray) else list(values)
     if kind == "str":
@@ -322,6 +328,11 @@ def _coerce(name: str, kind: str, values: Iterable[Any]) -> np.ndarray:
         out = np.empty(len(arr), dtype=object)
         out[:] = list(arr)
         return out
+    if kind == "float" and name in _OUTCOME_FLAGS:  # success=False reads as 0.0
+        if isinstance(raw, np.ndarray) and raw.dtype == np.bool_:
+            raw = raw.astype(np.float64)
+        elif not isinstance(raw, np.ndarray):
+            raw = [float(v) if isinstance(v, (bool, np.bool_)) else v for v in raw]
     if isinstance(raw, np.ndarray):
         if kind == "int" and raw.dtype.kind in "iu":
             return raw.astype(np.int64)

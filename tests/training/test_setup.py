@@ -191,7 +191,7 @@ def test_sft_settings_reach_the_optimizer_and_the_clip(micro_model, tmp_path, mo
     model, tokenizer = load_policy(micro_model)
     demos = sft.Demonstrations([[1, 5, 6]], [[7, tokenizer.eos_token_id]], 1)
     cfg = from_dict({"progress": False, "sft": {"lr": 0.01, "weight_decay": 0.3, "grad_clip": 0.0}})
-    sinks = MetricSinks(tmp_path, tensorboard=False)
+    sinks = MetricSinks(tmp_path, report_to=())
     try:
         assert sft.fine_tune(model, tokenizer, demos, cfg, sinks) == cfg.sft.epochs
     finally:

@@ -375,7 +375,7 @@ def write_atomic(path: Path, text: str) -> None:
 
 
 # MCGPO's per-update statistics shown in results.md (docs/algorithms/mcgpo.md §4): coverage,
-# drops by reason, and the pairs the update used or split (docs/training.md's metric list)
+# drops by reason, and the pairs the update used or split (docs/reference/metrics.md)
 PREFERENCE_COLUMNS = (
     "preferences_per_group",
     "share_groups_without_preferences",

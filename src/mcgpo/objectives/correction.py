@@ -1,4 +1,4 @@
-"""Rollout correction (torch; docs/training.md "Rollout correction"): importance weights for
+"""Rollout correction (torch; docs/reference/update.md "Rollout correction"): importance weights for
 tokens the trainer did not sample itself.
 
 The tokens were sampled by the behaviour policy mu (the sampler, vLLM), whose log-probs

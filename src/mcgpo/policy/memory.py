@@ -4,7 +4,7 @@ Everything here is arithmetic on a Qwen2 / Qwen3 config (:mod:`mcgpo.policy.shap
 parameter count is exact (tested against the model built on the meta device), the
 activation bytes are the tensors autograd saves for backward, counted op by op below and
 checked on the CPU against ``torch.autograd.graph.saved_tensors_hooks`` at small sizes.
-docs/training.md "Memory plan" prints :func:`plan` for the recipe's models.
+docs/reference/memory.md prints :func:`plan` for the recipe's models.
 
 Activations per token of one decoder layer, bf16-mixed (fp32 residual stream, bf16 matmul
 inputs under autocast; h hidden, f MLP, q = heads x head_dim, k = kv heads x head_dim):

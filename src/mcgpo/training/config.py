@@ -38,6 +38,7 @@ __all__ = [
     "FSDP_REPLICAS",
     "LAMBDA_PAIR",
     "SHARDINGS",
+    "TRACKERS",
     "AlgoConfig",
     "ConfigError",
     "EnvConfig",
@@ -49,10 +50,11 @@ __all__ = [
 ]
 
 
-# The weight of the MCGPO pair loss. The paper's value is unknown; 10.0 by the rule of
-# docs/algorithms/mcgpo.md "Setting λ_pair and ε from data" on issue 35's dose-response (was
-# 1.0 from a one-seed sweep, §3a; 0.1 before). Defined here only: the loss takes it as an
-# argument.
+# The weight of the MCGPO pair loss. The paper's value is unknown; 10.0 since issue 35's
+# dose-response, on mechanistic grounds: at 1.0 the pair term's gradient norm is ~2 % of the
+# task term's and the update ranks its pairs as the task term alone does; at 10 it moves them
+# (docs/algorithms/mcgpo.md, λ_pair). Was 1.0 from a one-seed sweep (§3a), 0.1 before.
+# Defined here only: the loss takes it as an argument.
 LAMBDA_PAIR = 10.0
 
 
@@ -61,6 +63,8 @@ SHARDINGS = ("ddp", "fsdp2")
 FSDP_REPLICAS = ("auto", "true", "false")  # train.fsdp_replica
 # Where pi_old comes from (train.old_logprobs); "auto" is resolved by TrainConfig.recompute_old.
 OLD_LOGPROBS = ("auto", "sampler", "recompute")
+# The experiment trackers --report_to may name (mcgpo.training.tracking), besides "none".
+TRACKERS = ("tensorboard", "wandb", "mlflow", "trackio")
 
 
 class ConfigError(ValueError):
@@ -220,7 +224,7 @@ class TrainConfig:
     precision: str = _opt(
         "fp32",
         "fp32, bf16-mixed (bf16 autocast, fp32 weights and AdamW state) or bf16 (bf16 weights); "
-        "docs/training.md 'Precision'",
+        "docs/reference/update.md 'Precision and pi_old'",
     )
     old_logprobs: str = _opt(
         "auto",
@@ -235,7 +239,7 @@ class TrainConfig:
         "auto",
         "importance weights pi_old / sampler on the policy-gradient tokens: none, tis "
         "(truncated at the cap), mis (masked outside [1/cap, cap]); auto = tis when "
-        "rollout.engine is vllm or precision is not fp32, else none (docs/training.md)",
+        "rollout.engine is vllm or precision is not fp32, else none (docs/reference/update.md)",
     )
     rollout_correction_level: str = _opt(
         "token", "rollout correction per token, or per sequence (a response's ratio product)"
@@ -247,7 +251,7 @@ class TrainConfig:
     compile: str = _opt(
         "auto",
         "compiled decoder layers for the update's forwards: true, false, or auto (true on "
-        "CUDA only); docs/training.md 'Compiled layers'",
+        "CUDA only); docs/reference/gpu.md 'Compiled layers'",
     )
     lora_rank: int = _opt(
         0, "LoRA adapters of this rank on the policy (PEFT; docs/lora.md); 0 = full fine-tuning"
@@ -416,7 +420,15 @@ class RunConfig:
     deterministic: bool = _opt(False, "torch deterministic algorithms (bit-identical resume)")
     resume: bool = _opt(False, "continue the run in --out from its latest checkpoint")
     save_rollouts: bool = _opt(False, "save each update's StepTable as Parquet")
-    tensorboard: bool = _opt(True, "write TensorBoard event files")
+    tensorboard: bool = _opt(
+        True, "write TensorBoard event files (false: as if report_to left tensorboard out)"
+    )
+    report_to: str = _opt(
+        "tensorboard",
+        "experiment trackers fed every metrics.jsonl record, comma-separated: tensorboard, "
+        "wandb, mlflow, trackio, or none (as Hugging Face Trainer's --report_to; wandb, mlflow "
+        "and trackio need the tracking extra); docs/training.md 'Tracking'",
+    )
     progress: bool = _opt(True, "show a progress bar")
     nproc: int = _opt(
         1, "processes on this machine (world size; torchrun sets it); see scale-out.md"
@@ -441,6 +453,7 @@ class RunConfig:
         _at_least("nproc", self.nproc, 1)
         _choice("backend", self.backend, ("auto", "gloo", "nccl"))
         _at_least("corpus_episodes", self.corpus_episodes, 1)
+        self.trackers()
         for section in (self.env, self.rollout, self.algo, self.train, self.eval, self.sft):
             section.check()
         if not self.train.keep_replica(self.rollout.engine) and self.rollout.engine != "vllm":
@@ -448,6 +461,33 @@ class RunConfig:
                 f"train.fsdp_replica false needs rollout.engine vllm: the "
                 f"{self.rollout.engine} sampler generates from the full replica"
             )
+
+    def trackers(self) -> tuple[str, ...]:
+        """The trackers of ``report_to`` in its order, without repeats (``none``: no
+        tracker; ``tensorboard`` false drops TensorBoard); a ConfigError names a wrong one."""
+        names = [n.strip() for n in self.report_to.split(",") if n.strip()]
+        if names == ["none"]:
+            return ()
+        if "none" in names:
+            raise ConfigError(
+                f"report_to: none cannot be combined with trackers ({self.report_to})"
+            )
+        for name in names:
+            if name not in TRACKERS:
+                import difflib
+
+                close = difflib.get_close_matches(name, (*TRACKERS, "none"), n=1)
+                hint = f" (did you mean {close[0]}?)" if close else ""
+                raise ConfigError(
+                    f"report_to: unknown tracker {name!r}{hint}; choose from "
+                    f"{', '.join(TRACKERS)}, or none"
+                )
+        if not names:
+            raise ConfigError("report_to is empty; name a tracker or none")
+        kept = dict.fromkeys(names)
+        if not self.tensorboard:
+            kept.pop("tensorboard", None)
+        return tuple(kept)
 
 
 def _at_least(key: str, value: float, low: float) -> None:

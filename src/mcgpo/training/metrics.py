@@ -1,8 +1,9 @@
-"""Metric sinks: JSON lines, TensorBoard, and a progress bar with the live success rate.
+"""Metric sinks: JSON lines, the experiment trackers (TensorBoard by default), and a progress
+bar with the live success rate.
 
 Library code returns stats dicts; only the trainer hands them to these sinks. Metric names
 are ``section/name`` (``rollout/success_rate``, ``loss/policy``, ``eval/success``, ...) and are
-documented in docs/training.md. ``metrics.jsonl`` holds one record per update (and one per
+documented in docs/reference/metrics.md. ``metrics.jsonl`` holds one record per update (and one per
 evaluation) with the update count under ``update``.
 
 On resume, records newer than the checkpoint are dropped from ``metrics.jsonl`` and
@@ -15,7 +16,7 @@ import json
 import math
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -75,11 +76,28 @@ class SilentSinks:
 
 
 class MetricSinks:
-    """Writes each record to ``metrics.jsonl`` and (optionally) TensorBoard."""
+    """Writes each record to ``metrics.jsonl`` and feeds its numbers to the experiment
+    trackers (``report_to``: TensorBoard, W&B, MLflow, trackio; :mod:`mcgpo.training.tracking`).
 
-    def __init__(self, folder: Path, *, tensorboard: bool = True, resume_at: int | None = None):
+    ``config``: the run's nested config, logged by the trackers that keep one.
+    """
+
+    def __init__(
+        self,
+        folder: Path,
+        *,
+        report_to: Sequence[str] = ("tensorboard",),
+        resume_at: int | None = None,
+        config: Mapping[str, Any] | None = None,
+    ):
+        from mcgpo.training.tracking import open_trackers
+
         self.folder = Path(folder)
         self.folder.mkdir(parents=True, exist_ok=True)
+        # the trackers first: one that cannot open leaves the folder as it was
+        self._trackers = open_trackers(
+            report_to, self.folder, config=config or {}, resume_at=resume_at
+        )
         self.path = self.folder / "metrics.jsonl"
         if resume_at is None:
             self.path.write_text("", encoding="utf-8")
@@ -87,12 +105,6 @@ class MetricSinks:
             kept = [r for r in read_metrics(self.path) if r.get("update", 0) <= resume_at]
             atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in kept))
         self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
-        self._writer = None
-        if tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
-
-            purge = None if resume_at is None else resume_at + 1
-            self._writer = SummaryWriter(log_dir=str(self.folder / "tensorboard"), purge_step=purge)
         self._start = time.time()
 
     def write(self, update: int, metrics: Mapping[str, Any]) -> None:
@@ -101,16 +113,18 @@ class MetricSinks:
             record[key] = _plain(value)
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
-        if self._writer is not None:
-            for key, value in record.items():
-                if key != "update" and isinstance(value, (int, float)) and math.isfinite(value):
-                    self._writer.add_scalar(key, value, update)
-            self._writer.flush()
+        scalars = {
+            key: value
+            for key, value in record.items()
+            if key != "update" and isinstance(value, (int, float)) and math.isfinite(value)
+        }
+        for tracker in self._trackers:
+            tracker.log(update, scalars)
 
     def close(self) -> None:
         self._file.close()
-        if self._writer is not None:
-            self._writer.close()
+        for tracker in self._trackers:
+            tracker.close()
 
 
 class ProgressBar:

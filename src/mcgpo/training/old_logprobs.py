@@ -13,7 +13,7 @@ before each update (its ``recompute_log_prob``, the default); ``train.old_logpro
 :func:`recompute_log_probs` runs the training forward without gradients over the update's
 own micro-batches, in the update's precision, so that the first optimiser step sees a ratio
 of exactly 1 (tested on CPU in bf16). :func:`mismatch_stats` measures sampler against
-training forward (metrics ``pi_old/*``, docs/training.md). The sampler's own log-probs stay
+training forward (metrics ``pi_old/*``, docs/reference/update.md). The sampler's own log-probs stay
 in the batch (``TokenBatch.behaviour_log_probs``): :func:`rollout_weights` compares the two
 for the rollout correction (``train.rollout_correction``, metrics ``rollout_correction/*``).
 """

@@ -27,6 +27,7 @@ RESUMABLE = {
     "preset",
     "progress",
     "tensorboard",
+    "report_to",  # where the metrics are also sent, never what the run does
     "save_rollouts",
     "threads",
     "device",

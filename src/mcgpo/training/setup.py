@@ -57,8 +57,10 @@ from mcgpo.training.distributed import (
 )
 from mcgpo.training.engine import check_engine_installed, rollout_engine
 from mcgpo.training.metrics import MetricSinks, SilentSinks
+from mcgpo.training.presets import load_preset
 from mcgpo.training.run_folder import check_run_folder, writable_folder
 from mcgpo.training.runtime import apply_runtime, check_device
+from mcgpo.training.tracking import check_trackers_installed
 
 __all__ = ["KINDS", "Run", "RunSetup", "prepare", "setup_run"]
 
@@ -149,6 +151,7 @@ def setup_run(cfg: RunConfig, command: str = "", world: World = SINGLE) -> Run:
     follows (:mod:`mcgpo.training.distributed`); only rank 0 writes metrics."""
     if cfg.rollout.engine == "vllm":
         check_engine_installed()  # before any model work
+    check_trackers_installed(cfg.trackers())
     setup = prepare(cfg, command, kind="train", world=world)
     cfg, model = setup.cfg, setup.model
     if cfg.rollout.engine == "vllm" and cfg.train.old_logprobs == "auto":
@@ -199,7 +202,12 @@ def setup_run(cfg: RunConfig, command: str = "", world: World = SINGLE) -> Run:
     sinks: MetricSinks | SilentSinks = SilentSinks()
     if world.main:
         resume_at = updates_done if cfg.resume else None
-        sinks = MetricSinks(setup.folder, tensorboard=cfg.tensorboard, resume_at=resume_at)
+        sinks = MetricSinks(
+            setup.folder,
+            report_to=cfg.trackers(),
+            resume_at=resume_at,
+            config=load_preset(str(setup.folder / "config.toml")),  # as written, code included
+        )
     fields = {f.name: getattr(setup, f.name) for f in dataclasses.fields(RunSetup)}
     return Run(
         **{**fields, "model": model},

@@ -160,7 +160,7 @@ def _run_sft(cfg: RunConfig, command: str, world: World) -> Table:
 
     setup = prepare(cfg, command, kind="sft", world=world)
     cfg, folder = setup.cfg, setup.folder
-    sinks = MetricSinks(folder, tensorboard=False) if world.main else SilentSinks()
+    sinks = MetricSinks(folder, report_to=()) if world.main else SilentSinks()
 
     def evaluate_now(step: int) -> dict[str, float]:
         stats = evaluate(setup, world)

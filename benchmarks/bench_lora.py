@@ -81,6 +81,8 @@ def _kib(field: str) -> int:
 
 def one(name: str, rank: int, args: argparse.Namespace) -> dict[str, float]:
     """Measure one setup in this process (``rank`` 0 = full fine-tuning)."""
+    import peft  # noqa: F401  (its import is library memory, not the setup's: before the baseline)
+
     from mcgpo.policy.lora import AdaptersOff, add_lora, trainable_count
     from mcgpo.training.build import build_optimizer
     from mcgpo.training.config import TrainConfig
@@ -137,11 +139,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="tiny,qwen-100m")
     parser.add_argument("--ranks", default="16", help="LoRA ranks to compare with full")
-    parser.add_argument("--rows", type=int, default=8)
-    parser.add_argument("--prompt", type=int, default=192)
+    parser.add_argument("--rows", type=int, default=4)
+    parser.add_argument("--prompt", type=int, default=96)
     parser.add_argument("--response", type=int, default=32)
     parser.add_argument("--micro", type=int, default=4)
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--one", nargs=2, metavar=("MODEL", "RANK"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -174,7 +176,7 @@ def main() -> None:
             r = json.loads(out.stdout.strip().splitlines()[-1])
             setup = "full" if rank == 0 else f"LoRA r={rank}"
             print(
-                f"| {name} | {setup} | {r['params'] / 1e6:.1f} M | {r['trainable'] / 1e6:.3f} M"
+                f"| {name} | {setup} | {r['params'] / 1e6:.2f} M | {r['trainable'] / 1e6:.3f} M"
                 f" | {r['seconds']:.2f} | {r['peak_mib']:.0f} | {r['adam_mib']:.1f} | "
                 f"{r['ref_mib']:.1f} |"
             )

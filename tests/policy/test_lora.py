@@ -247,3 +247,17 @@ def test_adapters_are_float32_on_a_bf16_base(small_policy):
     assert {d for n, d in dtypes.items() if ".lora_" not in n} == {torch.bfloat16}
     merged = dict(merged_parameters(lora))  # what vLLM gets: the base's dtype
     assert {t.dtype for t in merged.values()} == {torch.bfloat16}
+
+
+def test_an_adapter_folder_whose_base_is_gone_is_one_line(pair, tmp_path):
+    from mcgpo.policy import PolicyLoadError
+
+    _, lora, tok = pair
+    lora._mcgpo_lora_config.base_model_name_or_path = str(tmp_path / "gone")
+    folder = save_policy(lora, tok, tmp_path / "adapter")
+    with pytest.raises(PolicyLoadError) as err:
+        load_policy(folder)
+    assert str(err.value) == (
+        f"adapter folder {str(folder)!r}: its base model: policy folder "
+        f"{str(tmp_path / 'gone')!r} does not exist"
+    )

@@ -122,7 +122,10 @@ def _load_adapter_folder(
         raise PolicyLoadError(
             f"adapter folder {str(folder)!r} names no base model (base_model_name_or_path)"
         )
-    model, tokenizer = load_policy(base, dtype=dtype, device=device)
+    try:
+        model, tokenizer = load_policy(base, dtype=dtype, device=device)
+    except PolicyLoadError as err:
+        raise PolicyLoadError(f"adapter folder {str(folder)!r}: its base model: {err}") from None
     try:
         with _quiet():
             model = PeftModel.from_pretrained(model, folder).merge_and_unload()

@@ -139,3 +139,25 @@ def test_bad_lora_options_are_one_line_exit_2(smoke_args, tmp_path, capsys, extr
     assert main(smoke_args(tmp_path / "run", *extra)) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and err.startswith(f"mcgpo train: error: {message}"), err
+
+
+def test_lora_with_fsdp2_on_several_processes_is_refused_in_one_line():
+    # FSDP2 is not supported with adapters (DDP is): said before any sharding or wrapping
+    import dataclasses
+
+    from mcgpo.training.config import ConfigError, RunConfig
+    from mcgpo.training.setup import RunSetup, _with_lora
+    from mcgpo.training.world import World
+
+    cfg = RunConfig()
+    cfg = dataclasses.replace(
+        cfg, train=dataclasses.replace(cfg.train, lora_rank=4, sharding="fsdp2")
+    )
+    setup = RunSetup(cfg=cfg, folder=Path("."), make_env=lambda: None, model=None,
+                     tokenizer=None, response_format="action")  # fmt: skip
+    with pytest.raises(ConfigError) as err:
+        _with_lora(setup, World(rank=0, size=2))
+    assert str(err.value) == (
+        "train.lora_rank with train.sharding fsdp2 is not supported; use ddp (with LoRA "
+        "only the adapters' gradients are reduced)"
+    )

@@ -261,3 +261,28 @@ def test_an_adapter_folder_whose_base_is_gone_is_one_line(pair, tmp_path):
         f"adapter folder {str(folder)!r}: its base model: policy folder "
         f"{str(tmp_path / 'gone')!r} does not exist"
     )
+
+
+def test_export_merge_writes_the_merged_folder_and_refuses_bad_input(pair, tmp_path, capsys):
+    from mcgpo.cli import main
+
+    base, lora, tok = pair
+    nonzero_adapters(lora)
+    lora._mcgpo_lora_config.base_model_name_or_path = str(save_policy(base, tok, tmp_path / "b"))
+    run = tmp_path / "run"
+    save_policy(lora, tok, run / "model")  # a LoRA run's final model folder
+    assert main(["export", "--merge", str(run)]) == 0
+    assert capsys.readouterr().out.strip() == f"merged model written to {run / 'merged'}"
+    exported, _ = load_policy(run / "merged")
+    assert not (run / "merged" / "adapter_config.json").exists()
+    ours = dict(merged_model(lora).named_parameters())
+    for name, value in exported.named_parameters():
+        assert torch.equal(value, ours[name]), name
+    # bad input: one line, exit 2, nothing overwritten
+    for argv, message in [
+        (["export", "--merge", str(run)], f"--out {str(run / 'merged')!r} exists"),
+        (["export", "--merge", str(tmp_path / "b")], "holds no LoRA adapter folder"),
+    ]:
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert "\n" not in err and err.startswith("mcgpo export: error: ") and message in err

@@ -13,6 +13,10 @@ fine-tuning, the AdamW moments, gradients and activations: what the setups diffe
 above the allocation before); the AdamW state's exact bytes; the reference's bytes (a frozen
 copy for full fine-tuning; 0 with LoRA: the base with the adapters off).
 
+One thread by default (``--threads``): on a shared 2-core machine two OpenMP threads are
+hurt by preemption far more than one (measured beside other load: the tiny model's full
+update took 3.1 s with 2 threads, 0.28-0.34 s with 1).
+
 Models: ``tiny`` (mcgpo's default CPU policy, about 0.6 M parameters) and ``qwen-100m``, a
 Qwen2.5-shaped model built from a config with random weights (hidden 768, 12 layers, 12
 heads, 2 KV heads, MLP 2048, vocabulary 32,000, tied embeddings: 98 M parameters).
@@ -144,7 +148,7 @@ def main() -> None:
     parser.add_argument("--response", type=int, default=32)
     parser.add_argument("--micro", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=1)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--one", nargs=2, metavar=("MODEL", "RANK"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:

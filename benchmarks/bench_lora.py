@@ -159,7 +159,7 @@ def main() -> None:
     print(
         f"One update (fp32, {args.rows} rows x {args.prompt}+{args.response} tokens, micro-"
         f"batches of {args.micro}, KL on, AdamW), best of {args.repeats} after a warm-up; "
-        f"{cpu_name()}, {args.threads} threads, torch {torch.__version__}, "
+        f"{cpu_name()}, {args.threads} thread{'' if args.threads == 1 else 's'}, torch {torch.__version__}, "
         f"{datetime.date.today()}"
     )
     print()

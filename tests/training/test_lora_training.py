@@ -105,13 +105,15 @@ def _killed_after_first_checkpoint(args: list[str]) -> None:
 
 
 @pytest.mark.slow
-def test_lora_on_two_processes_trains_as_one(smoke_args, tmp_path):
-    """DDP reduces the gradients of parameters that require them, the adapters' only; 2
-    gloo ranks end with the single process's adapters up to the float rounding of the
-    gradient sums' order (tests/training/test_distributed.py: about 1e-7)."""
+@pytest.mark.parametrize("sharding", ["ddp", "fsdp2"])
+def test_lora_on_two_processes_trains_as_one(smoke_args, tmp_path, sharding):
+    """DDP and FSDP2 reduce the gradients of parameters that require them, the adapters'
+    only; 2 gloo ranks end with the single process's adapters up to the float rounding of
+    the gradient sums' order (tests/training/test_distributed.py: about 1e-7; FSDP2 with
+    its replica, on which the adapters-off reference runs: measured 1.2e-6)."""
     one, two = tmp_path / "one", tmp_path / "two"
     assert main(smoke_args(one, *LORA, *GREEDY)) == 0
-    launch(smoke_args(two, *LORA, *GREEDY, "--nproc", "2"))
+    launch(smoke_args(two, *LORA, *GREEDY, "--nproc", "2", "--train.sharding", sharding))
     a, b = adapters(one / "model"), adapters(two / "model")
     assert a.keys() == b.keys()
     assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-5
@@ -141,8 +143,9 @@ def test_bad_lora_options_are_one_line_exit_2(smoke_args, tmp_path, capsys, extr
     assert "\n" not in err and err.startswith(f"mcgpo train: error: {message}"), err
 
 
-def test_lora_with_fsdp2_on_several_processes_is_refused_in_one_line():
-    # FSDP2 is not supported with adapters (DDP is): said before any sharding or wrapping
+def test_lora_with_fsdp2_without_a_replica_is_refused_in_one_line():
+    # the adapters-off reference runs on FSDP2's full replica: without one (vLLM's
+    # default, train.fsdp_replica auto) LoRA is refused before any sharding or wrapping
     import dataclasses
 
     from mcgpo.training.config import ConfigError, RunConfig
@@ -151,13 +154,29 @@ def test_lora_with_fsdp2_on_several_processes_is_refused_in_one_line():
 
     cfg = RunConfig()
     cfg = dataclasses.replace(
-        cfg, train=dataclasses.replace(cfg.train, lora_rank=4, sharding="fsdp2")
-    )
+        cfg, train=dataclasses.replace(cfg.train, lora_rank=4, sharding="fsdp2",
+                                       fsdp_replica="false")
+    )  # fmt: skip
     setup = RunSetup(cfg=cfg, folder=Path("."), make_env=lambda: None, model=None,
                      tokenizer=None, response_format="action")  # fmt: skip
     with pytest.raises(ConfigError) as err:
         _with_lora(setup, World(rank=0, size=2))
     assert str(err.value) == (
-        "train.lora_rank with train.sharding fsdp2 is not supported; use ddp (with LoRA "
-        "only the adapters' gradients are reduced)"
+        "train.lora_rank with train.sharding fsdp2 needs train.fsdp_replica true (the "
+        "reference runs on the replica with its adapters off); or use ddp"
     )
+
+
+@pytest.mark.slow
+def test_lora_fsdp2_resume_equals_the_uninterrupted_run(smoke_args, tmp_path):
+    """FSDP2 on 2 ranks with adapters: the checkpoint holds the adapters and the AdamW
+    state gathered from the shards; stopped after update 1 and resumed equals the
+    uninterrupted run (within float rounding, as test_distributed.py's resume: 1e-6)."""
+    whole, split = tmp_path / "whole", tmp_path / "split"
+    extra = (*LORA, *GREEDY, "--nproc", "2", "--train.sharding", "fsdp2")
+    launch(smoke_args(whole, *extra))
+    launch(smoke_args(split, *extra, "--train.updates", "1"))
+    launch(smoke_args(split, *extra, "--resume"))
+    a, b = adapters(whole / "model"), adapters(split / "model")
+    assert a.keys() == b.keys()
+    assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-6

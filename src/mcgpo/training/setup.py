@@ -229,10 +229,11 @@ def _with_lora(setup: RunSetup, world: World) -> Any:
     from mcgpo.policy import save_policy
 
     cfg = setup.cfg
-    if world.size > 1 and cfg.train.sharding == "fsdp2":
+    replica = cfg.train.keep_replica(cfg.rollout.engine)
+    if world.size > 1 and cfg.train.sharding == "fsdp2" and not replica:
         raise ConfigError(
-            "train.lora_rank with train.sharding fsdp2 is not supported; use ddp (with LoRA "
-            "only the adapters' gradients are reduced)"
+            "train.lora_rank with train.sharding fsdp2 needs train.fsdp_replica true (the "
+            "reference runs on the replica with its adapters off); or use ddp"
         )
     base: Path | str = cfg.model
     if cfg.model == "tiny":

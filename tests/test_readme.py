@@ -65,9 +65,7 @@ def test_the_quickstart_runs_as_printed(tmp_path, monkeypatch, capsys):
     for argv in commands:
         if argv[1] == "eval":
             # eval reads the run it points into (issue 42; --model inside a run folder)
-            cfg = resolve("eval", argv[2:])
-            if cfg.eval.tasks != 2:  # pragma: no cover - until `eval` reads the run's config
-                pytest.skip("mcgpo eval does not read the run folder's config.toml yet")
+            assert resolve("eval", argv[2:]).eval.tasks == 2  # the smoke run's, not the default
         assert main(argv[1:]) == 0, argv
     capsys.readouterr()
     run = tmp_path / "runs" / "quick"

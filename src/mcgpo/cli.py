@@ -7,8 +7,13 @@
   options are ``--algo.<option>`` (or ``--algo.<estimator>.<option>``: only for the
   algorithms that run that estimator) and MCGPO preference options
   ``--algo.pairs.<option>``, checked against the chosen algorithm; environment options are
-  ``--env.<option>``. Values
-  resolve as dataclass defaults < ``--preset`` < flags.
+  ``--env.<option>``. Every flag may also be given as ``--KEY=VALUE`` or
+  ``--set KEY=VALUE`` (as ``mcgpo bench`` takes them); ``--config`` is ``--preset``. Values
+  resolve as dataclass defaults < ``--preset`` < flags, with the run folder's
+  ``config.toml`` in place of the defaults for ``train --resume`` and for ``eval`` of a run
+  (``--run DIR``, or inferred from ``--model``/``--out``):
+  :mod:`mcgpo.training.overrides`. The runs themselves are library calls
+  (``mcgpo.train``, ``run_sft``, ``run_eval``): this module only parses and prints.
 * ``report``: the held-out success of run folders side by side.
 * ``presets``: the shipped presets, each with the command on its first line.
 * ``bench``, ``ablate``, ``sweep`` (:mod:`mcgpo.bench.commands`), ``alfworld-generate``
@@ -16,7 +21,8 @@
   extra) parse their own options.
 
 A bad command line (unknown option, bad value, unknown algorithm, missing model folder, no
-checkpoint to resume) prints one line on stderr and exits with code 2, never a traceback.
+checkpoint to resume) prints one line on stderr and exits with code 2, never a traceback;
+an unknown name gets the closest known one ("did you mean").
 """
 
 from __future__ import annotations
@@ -28,8 +34,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
+from mcgpo.options import did_you_mean
 from mcgpo.training.config import ConfigError, RunConfig
-from mcgpo.training.config_layout import field_type, from_dict, scalar_fields
+from mcgpo.training.config_layout import field_type, scalar_fields
 from mcgpo.training.run_commands import COMMANDS
 
 __all__ = ["COMMANDS", "build_parser", "main", "resolve"]
@@ -58,7 +65,31 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-") if "." not in name else "--" + name
 
 
-def _add_field(group: Any, dest: str, f: Any, default: Any) -> None:
+# How `mcgpo eval` words the options it shares with training (a run's evaluation: the
+# defaults come from the run folder's config.toml), and the training-only ones it takes
+# (so that a run's own command line still works) but does not list.
+EVAL_HELP = {
+    "model": "policy folder to evaluate (a run's DIR/model: the run's config.toml is the "
+    "base), or 'tiny'",
+    "out": "folder eval.json is written to (default: the run folder, else 'runs/run')",
+    "seed": "seed of the evaluation's sampling (and of a 'tiny' model)",
+    "preset": "preset name or TOML path; with a run folder its values may not change the "
+    "run's tasks or prompts",
+}
+USAGE = {
+    "eval": "mcgpo eval [--run DIR | --model DIR] [--KEY VALUE | --set KEY=VALUE ...]",
+}
+EVAL_HIDDEN = {
+    "rollout.groups",
+    "rollout.group_size",
+    "rollout.temperature",
+    "rollout.vllm_sleep",
+    "env.train_split",
+    "eval.every",
+}
+
+
+def _add_field(group: Any, dest: str, f: Any, default: Any, command: str = "train") -> None:
     kind = field_type(f)
     shown = f"{default!r}" if kind is str else str(default).lower() if kind is bool else default
     extra: dict[str, Any] = {}
@@ -66,16 +97,16 @@ def _add_field(group: Any, dest: str, f: Any, default: Any) -> None:
         extra = {"nargs": "?", "const": "true", "metavar": "BOOL"}
     else:
         extra = {"metavar": kind.__name__.upper()}
-    flags = [_flag(dest)]
+    text = f"{f.metadata.get('help', '')} (default: {shown})"
+    if command == "eval":
+        text = (
+            f"{EVAL_HELP[dest]} (default: the run's, else {shown})" if dest in EVAL_HELP else text
+        )
+        text = argparse.SUPPRESS if dest in EVAL_HIDDEN else text
+    flags = [_flag(dest), "--config"] if dest == "preset" else [_flag(dest)]
     if "_" in dest and "." not in dest:  # --report_to as Hugging Face's Trainer spells it
         flags.append("--" + dest)
-    group.add_argument(
-        *flags,
-        dest=dest,
-        default=argparse.SUPPRESS,
-        help=f"{f.metadata.get('help', '')} (default: {shown})",
-        **extra,
-    )
+    group.add_argument(*flags, dest=dest, default=argparse.SUPPRESS, help=text, **extra)
 
 
 def _algo_epilog() -> str:
@@ -119,7 +150,9 @@ def build_parser() -> argparse.ArgumentParser:
     for command, (tops, sections, summary) in COMMANDS.items():
         sub = commands.add_parser(
             command,
-            usage=f"mcgpo {command} [--preset NAME] [--option VALUE ...]",
+            usage=USAGE.get(
+                command, f"mcgpo {command} [--preset NAME] [--KEY VALUE | --set KEY=VALUE ...]"
+            ),
             help=summary,
             description=summary,
             allow_abbrev=False,
@@ -127,13 +160,29 @@ def build_parser() -> argparse.ArgumentParser:
             epilog=_algo_epilog() if "algo" in sections else None,
         )
         group = sub.add_argument_group("run")
+        if command == "eval":
+            group.add_argument(
+                "--run",
+                metavar="DIR",
+                default=argparse.SUPPRESS,
+                help="the run folder to evaluate: its config.toml is the base, its model/ (or "
+                "newest checkpoint) the policy, eval.json goes into it; inferred from --model "
+                "DIR/model or --out DIR; 'none' evaluates without a run's config",
+            )
         for name in tops:
-            _add_field(group, name, top_fields[name], getattr(base, name))
+            _add_field(group, name, top_fields[name], getattr(base, name), command)
+        group.add_argument(
+            "--set",
+            metavar="KEY=VALUE",
+            default=argparse.SUPPRESS,
+            help="any option as KEY=VALUE (e.g. --set train.lr=1e-4, as mcgpo bench takes "
+            "them); the same as --KEY VALUE",
+        )
         for section in sections:
             group = sub.add_argument_group(f"[{section}] {SECTION_TITLES[section]}")
             obj = getattr(base, section)
             for f in scalar_fields(type(obj)):
-                _add_field(group, f"{section}.{f.name}", f, getattr(obj, f.name))
+                _add_field(group, f"{section}.{f.name}", f, getattr(obj, f.name), command)
     for name, (_, summary) in DELEGATED.items():
         commands.add_parser(name, help=summary, add_help=False)
     commands.add_parser("presets", help="list the shipped presets and the command of each")
@@ -155,62 +204,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _extra_options(command: str, sections: tuple[str, ...], rest: list[str]) -> dict[str, Any]:
-    """Component options left by argparse: ``--env.<option> V`` (every command with an env
-    section), ``--algo.<option> V``, ``--algo.pairs.<option> V`` and
-    ``--algo.<estimator>.<option> V`` (train)."""
-    found: dict[str, Any] = {}
-    i = 0
-    while i < len(rest):
-        token = rest[i]
-        if not token.startswith("--"):
-            raise UsageError(f"unexpected argument {token!r}")
-        key, eq, value = token[2:].partition("=")
-        section, _, name = key.partition(".")
-        if section not in ("env", "algo") or section not in sections or not name:
-            raise UsageError(f"unknown option --{key}")
-        if not eq:
-            if i + 1 >= len(rest) or rest[i + 1].startswith("--"):
-                raise UsageError(f"option --{key} needs a value")
-            value = rest[i + 1]
-            i += 1
-        i += 1
-        path = name.replace("-", "_").split(".")
-        if section == "algo" and len(path) == 2:  # --algo.pairs.<o>, --algo.<estimator>.<o>
-            found.setdefault("algo", {}).setdefault(path[0], {})[path[1]] = value
-        elif len(path) == 1:
-            found.setdefault(section, {})[path[0]] = value
-        else:
-            raise UsageError(f"unknown option --{key}")
-    return found
-
-
 def resolve(command: str, argv: Sequence[str]) -> RunConfig:
-    """The run config of ``mcgpo <command> <argv>``; raises UsageError or ConfigError."""
-    parser = build_parser()
-    args, rest = parser.parse_known_args([command, *argv])
-    given = {k: v for k, v in vars(args).items() if k != "command"}
-    overrides: dict[str, Any] = {}
-    for dest, value in given.items():
-        section, _, name = dest.rpartition(".")
-        (overrides.setdefault(section, {}) if section else overrides)[name] = value
-    for section, values in _extra_options(command, COMMANDS[command].sections, rest).items():
-        overrides.setdefault(section, {}).update(values)
-    cfg = RunConfig()
-    preset = given.get("preset", "")
-    if preset:
-        from mcgpo.training.presets import load_preset
+    """The run config of ``mcgpo <command> <argv>`` (:func:`mcgpo.training.overrides.
+    resolve_command`: the defaults or the run folder's config.toml, then the preset, then the
+    overrides); raises ConfigError."""
+    from mcgpo.training.overrides import resolve_command
 
-        cfg = from_dict(load_preset(preset), cfg, where=f"preset {preset}")
-    cfg = from_dict(overrides, cfg)
-    cfg.check()
-    return cfg
+    return resolve_command(command, argv)
 
 
 def check_environment(cfg: RunConfig) -> None:
     """Things a config cannot know by itself: the model folder and the device exist."""
     if cfg.model != "tiny" and not Path(cfg.model).is_dir():
-        raise ConfigError(f"model folder {cfg.model!r} not found (give a folder or 'tiny')")
+        from mcgpo.policy.loading import hub_id_hint
+
+        hint = hub_id_hint(cfg.model) or " (give a folder or 'tiny')"
+        raise ConfigError(f"model folder {cfg.model!r} not found{hint}")
     if cfg.device.startswith("cuda"):
         import torch
 
@@ -316,12 +325,22 @@ DELEGATED: dict[str, tuple[Any, str]] = {
 }
 
 
+# Every command by name, in the order `mcgpo --help` lists them.
+NAMED = ("bench", "ablate", "sweep", "alfworld-generate", "env", "presets", "report")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in DELEGATED:
         return DELEGATED[argv[0]][0](argv[1:])
     try:
         parser = build_parser()
+        if argv and not argv[0].startswith("-") and argv[0] not in (*COMMANDS, *NAMED):
+            known = [*COMMANDS, *NAMED]
+            raise UsageError(
+                f"unknown command {argv[0]!r}{did_you_mean(argv[0], known)} (choose from "
+                f"{', '.join(known)})"
+            )
         if not argv or argv[0] not in (*COMMANDS, "presets", "report"):
             parser.parse_args(argv)  # handles --help; anything else is an error
             raise UsageError(
@@ -370,9 +389,13 @@ def _run(command: str, cfg: RunConfig, command_line: str) -> int:
 
     hf_logging.disable_progress_bar()  # "Writing model shards" bars at every checkpoint
     if command == "train":
-        from mcgpo.training.trainer import train
+        from mcgpo.training.trainer import TrainingStopped, train
 
-        summary = train(cfg, command=command_line)
+        try:
+            summary = train(cfg, command=command_line)
+        except TrainingStopped as err:  # the environment failed: one line, exit 1
+            print(f"mcgpo train: error: {err}", file=sys.stderr)
+            return 1
     elif command == "sft":
         from mcgpo.training.sft import run_sft
 

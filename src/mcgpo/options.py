@@ -15,6 +15,7 @@ This module is the bottom layer: it imports nothing from mcgpo.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import types
 import typing
@@ -28,6 +29,7 @@ __all__ = [
     "check_choice",
     "check_int",
     "check_number",
+    "did_you_mean",
     "is_int",
     "is_number",
     "option",
@@ -137,6 +139,13 @@ def _number_words(low: float | None, high: float | None, low_open: bool, high_op
     if low is not None and high is not None:  # a closed range implies finiteness
         return _bounds(low, high, low_open, high_open).strip()
     return "a finite number" + _bounds(low, high, low_open, high_open)
+
+
+def did_you_mean(word: str, known: Collection[str]) -> str:
+    """``" (did you mean 'x'?)"`` naming the closest of ``known`` to ``word`` (difflib's
+    ratio >= 0.6), or ``""`` when none is close: the tail of an "unknown ..." error."""
+    close = difflib.get_close_matches(word, list(known), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 # ---------------------------------------------------------------------- text by field type

@@ -219,3 +219,54 @@ def test_set_model_goes_to_the_warm_start_only_and_train_keys_to_the_runs_only()
     runs, warm = _set_flags(["model=ckpt/sft", "env.max_turns=2", "train.lr=0.1"])
     assert runs == ["--env.max_turns", "2", "--train.lr", "0.1"]
     assert warm == ["--model", "ckpt/sft", "--env.max_turns", "2"]
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (
+            ["--preset", "household-smok"],
+            "unknown preset 'household-smok' (did you mean 'household-smoke'?); known: ",
+        ),
+        (["--set", "train.lrr=1"], "unknown option --train.lrr (did you mean '--train.lr'?)"),
+        (["--train.lrr", "1"], "unknown option --train.lrr (did you mean '--train.lr'?)"),
+        (["--algos", "grpo", "--algo.omega=3"], "unknown option --algo.omega for grpo"),
+        (["--set", "env.name=webshp"], "unknown environment 'webshp' (did you mean 'webshop'?)"),
+        (["--set", "rollout.groups=0"], "rollout.groups must be >= 1, got 0"),
+        (["--sed", "3"], "unrecognized argument --sed (did you mean '--seeds'?)"),
+        (["--set", "model=Qwen/Qwen3-8B"], "--set model=Qwen/Qwen3-8B: folder not found; pass a"),
+    ],
+)
+def test_bad_presets_and_run_options_are_found_before_the_warm_start(
+    capsys, tmp_path, flags, message
+):
+    out = tmp_path / "b"
+    try:
+        code = main(["bench", "--config", "household-smoke", "--out", str(out), *flags])
+    except SystemExit as exc:  # argparse's own errors exit
+        code = exc.code
+    assert code == 2
+    assert message in one_line_error(capsys)
+    assert not out.exists()  # no warm start, no run folder
+
+
+def test_run_options_in_trains_form_are_taken_as_set(monkeypatch):
+    import mcgpo.bench.commands as commands
+
+    seen = {}
+    monkeypatch.setattr(commands, "run_study", lambda cmd, args, variants: seen.update(a=args))
+    commands.bench_main(["--train.lr", "0.1", "--set", "seed=1", "--env.max_turns=2"])
+    assert seen["a"].set == ["seed=1", "train.lr=0.1", "env.max_turns=2"]
+
+
+def test_a_failed_warm_start_prints_the_childs_error_line(capsys, tmp_path):
+    empty = tmp_path / "not-a-model"
+    empty.mkdir()  # a folder, so the checks pass; the child cannot load it
+    out = tmp_path / "b"
+    argv = ["bench", "--preset", "household-smoke", "--out", str(out), "--set", f"model={empty}"]
+    assert main(argv) == 1
+    log = out / "warmstart" / "bench.log"
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"mcgpo bench: warm start failed: mcgpo sft: error: policy folder '{empty}' has no "
+        f"config.json (not a Hugging Face model folder) (see {log})"
+    )

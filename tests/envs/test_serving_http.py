@@ -70,6 +70,8 @@ def test_bad_requests_get_a_4xx_naming_the_problem_and_the_server_keeps_serving(
         (("POST", f"{served}/v1/sessions"), {"json": {"options": [1]}}, 400, "bad_request", "field 'options': expected an object"),
     ]  # fmt: skip
     for (method, where), kwargs, status, code, fragment in cases:
+        if "content" in kwargs:  # bytes that say they are JSON
+            kwargs["headers"] = {"content-type": "application/json"}
         r = httpx.request(method, where, **kwargs)
         got = error(r)
         assert got[:2] == (status, code), (where, kwargs.keys(), r.text)

@@ -52,6 +52,7 @@ def verl_config(algo: str = "mcgpo", **algo_options: Any) -> Any:
                 "rollout": {"name": "vllm", "n": N, "prompt_length": 512, "response_length": 8}
             },
             "data": {},
+            "trainer": {"use_v1": True, "v1": {"trainer_mode": "mcgpo"}},
             "mcgpo": {
                 "env": {"name": "household", "max_turns": MAX_TURNS},
                 "rollout": {"history": 1, "response_format": "action"},

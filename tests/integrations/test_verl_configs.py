@@ -77,6 +77,8 @@ def test_the_old_configs_failure_is_what_verl_reports():
 
 REFUSED = [
     ("algorithm.adv_estimator=gae", "algorithm.adv_estimator"),
+    # gae without a critic: no values to compute GAE from (was accepted)
+    ("algorithm.adv_estimator=gae critic.enable=false", "algorithm.adv_estimator: 'gae' needs"),
     ("+critic.enable=true", "critic.enable"),
     ("algorithm.use_kl_in_reward=true", "algorithm.use_kl_in_reward"),
     ("algorithm.adv_estimator=reinforce_plus_plus", "algorithm.adv_estimator: 'reinforce_plus"),
@@ -264,7 +266,7 @@ def test_check_command_prints_one_line(capsys):
     out = capsys.readouterr().out.strip().splitlines()[-1]
     assert out.startswith("ok: mcgpo lambda_pair=10 on webshop, 16 tasks x 8 rollouts")
     assert "64 step rows, 2 GPUs, rollout vllm" in out
-    assert out.endswith("no critic, no rollout correction")
+    assert out.endswith("no critic, rollout correction tis token cap 2")
     extra = ["algorithm.rollout_correction.rollout_is=sequence",
              "algorithm.rollout_correction.rollout_is_threshold='0.5_2.0'"]  # fmt: skip
     assert main(["--config-path", str(CONFIGS), "--config-name", "webshop_mcgpo", *extra]) == 0
@@ -281,7 +283,7 @@ def test_check_command_prints_one_line(capsys):
          "error: ValueError:"),
         (["--config-name", "nope"], "error: --config-name: no nope.yaml"),
         (["--config-name", "alfworld_mcgpo", "trainer.v1.trainer_mode=ppo"],
-         "error: trainer.v1.trainer_mode: 'ppo', not 'mcgpo'"),
+         "error: trainer.v1.trainer_mode: 'ppo' is not the plugin's trainer"),
         (["--config-name", "alfworld_mcgpo", "+mcgpo.algo.bogus=1"], "error: unknown option --algo.bogus"),
         (["--config-name", "alfworld_mcgpo", "no_such_key=1"], "error: "),
     ],
@@ -292,3 +294,86 @@ def test_check_command_bad_input_is_one_line_and_exit_2(capsys, args, message):
     assert main(["--config-path", str(CONFIGS), *args]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith(message) and "\n" not in err and "Traceback" not in err
+
+
+def test_examples_carry_the_rollout_correction_mcgpos_rule_picks_for_vllm():
+    """mcgpo's own trainer with a vLLM sampler resolves train.rollout_correction auto to tis
+    (per token, cap 2); every example (vLLM or SGLang: both sample with other kernels and
+    bf16) sets verl's equivalent, and still passes verl's validation (the test above)."""
+    from mcgpo.integrations.verl.config import RolloutCorrection, rollout_correction
+    from mcgpo.training.config import TrainConfig
+
+    train = TrainConfig()
+    want = RolloutCorrection(
+        train.correction("vllm"), train.rollout_correction_level, train.rollout_correction_cap
+    )
+    assert want == RolloutCorrection("tis", "token", 2.0)
+    for name in NAMES:
+        cfg = compose(name)
+        assert rollout_correction(cfg) == want, name
+        assert cfg.actor_rollout_ref.rollout.calculate_log_probs is True
+
+
+ROLLOUT_KEYS = [
+    ("max_prompt_tokens=1024", "data.max_prompt_length"),
+    ("max_new_tokens=64", "data.max_response_length"),
+    ("temperature=0.7", "actor_rollout_ref.rollout.temperature"),
+    ("groups=4", "data.train_batch_size"),
+    ("group_size=4", "actor_rollout_ref.rollout.n"),
+    ("engine=vllm", "actor_rollout_ref.rollout.name"),
+]
+
+
+@pytest.mark.parametrize(("override", "verl_key"), ROLLOUT_KEYS)
+def test_mcgpo_rollout_keys_verl_governs_are_refused_naming_verls_key(override, verl_key):
+    """Only mcgpo.rollout.history and response_format are the plugin's; the others were
+    silently replaced by verl's values."""
+    from mcgpo.integrations.verl.config import plugin_config
+    from mcgpo.training.config import ConfigError
+
+    key = override.split("=")[0]
+    cfg = compose("webshop_mcgpo", f"+mcgpo.rollout.{override}")
+    with pytest.raises(ConfigError, match=rf"^mcgpo.rollout.{key}: verl sets this") as err:
+        plugin_config(cfg)
+    assert f"set {verl_key}" in str(err.value)
+    plugin_config(compose("webshop_mcgpo", "mcgpo.rollout.history=1"))  # the plugin's own
+
+
+def test_mcgpo_train_takes_only_max_failed_updates():
+    from mcgpo.integrations.verl.config import max_failed_updates, plugin_config
+    from mcgpo.training.config import ConfigError
+
+    assert max_failed_updates(compose("webshop_mcgpo")) == 3  # mcgpo's own default
+    assert max_failed_updates(compose("webshop_mcgpo", "+mcgpo.train.max_failed_updates=0")) == 0
+    for bad, match in [("+mcgpo.train.max_failed_updates=-1", "want an integer >= 0"),
+                       ("+mcgpo.train.lr=0.1", "^mcgpo.train.lr: verl's actor config")]:  # fmt: skip
+        with pytest.raises(ConfigError, match=match):
+            plugin_config(compose("webshop_mcgpo", bad))
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("+mcgpo.env.no_such_option=1", "error: mcgpo.env 'webshop': "),
+        ("mcgpo.env.name=no_such_env", "error: mcgpo.env 'no_such_env': unknown environment"),
+    ],
+)
+def test_bad_environment_options_fail_the_check_in_one_line(capsys, override, message):
+    """The check builds one environment with mcgpo.env's options, as mcgpo's own trainer
+    does at set-up (before: accepted, and every agent-loop session failed on them)."""
+    from mcgpo.integrations.verl.check import main
+
+    assert main(["--config-path", str(CONFIGS), "--config-name", "webshop_mcgpo", override]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(message) and "\n" not in err, err
+    if "no_such_option" in override:
+        assert "no_such_option" in err
+
+
+def test_bad_environment_options_stop_the_trainer_at_start_up():
+    from mcgpo.integrations.verl.trainer import McgpoTrainer
+    from mcgpo.training.config import ConfigError
+
+    cfg = compose("webshop_mcgpo", "+mcgpo.env.no_such_option=1")
+    with pytest.raises(ConfigError, match=r"^mcgpo.env 'webshop': .*no_such_option"):
+        McgpoTrainer(cfg)

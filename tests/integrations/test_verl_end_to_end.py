@@ -134,11 +134,13 @@ def test_one_update_through_main_ppo_on_two_ranks(run):
     result, metrics = run
     assert metrics["training/global_step"] == 1
     # every environment turn is one request to a mcgpo_cpu replica (two: one per rank,
-    # tensor parallel 1) and one batch row: 8 prompts x 8 sessions x 1..2 turns, no errors;
-    # the credit step saw all of them
+    # tensor parallel 1) and, in training, one batch row: 8 prompts x 8 sessions x 1..2
+    # turns, no errors; the credit step saw all of them. The validation's turns (8 episodes
+    # after the update) are requests too.
     servers = result["servers"]
     assert sorted(servers) == ["mcgpo_cpu_server_0", "mcgpo_cpu_server_1"]
-    requests = sum(s["requests"] for s in servers.values())
+    validation = round(metrics["eval/turns"] * metrics["eval/episodes"])
+    requests = sum(s["requests"] for s in servers.values()) - validation
     assert all(s["requests"] > 0 for s in servers.values())
     assert PROMPTS * N <= requests <= PROMPTS * N * MAX_TURNS
     assert metrics["mcgpo/pairs/rows_eligible"] == requests
@@ -153,6 +155,24 @@ def test_one_update_through_main_ppo_on_two_ranks(run):
     # picks each path about half the time and wins about 3/4 of its episodes
     assert result["sft"]["before"]["eval/success"] == 0.0
     assert result["sft"]["after"]["eval/success"] > 0.0
+
+
+def test_validation_logs_mcgpos_eval_metrics(run):
+    """verl's validation after the update logs mcgpo's eval/* (the names of mcgpo's own
+    evaluation) beside its own val-core reward: one episode per task of the validation
+    parquet (8), none errored; the e2e_fork environment pays 10 on a win and scores 1, so
+    success, score and verl's mean reward / 10 are the same number here."""
+    _, metrics = run
+    assert metrics["eval/episodes"] == PROMPTS and metrics["eval/errored"] == 0
+    success = metrics["eval/success"]
+    assert 0.0 <= success <= 1.0 and metrics["eval/score"] == pytest.approx(success)
+    assert metrics["val-core/e2e_fork/reward/mean@1"] == pytest.approx(10 * success)
+    assert metrics["eval/success/e2e_fork"] == pytest.approx(success)  # its task type
+    assert 1.0 <= metrics["eval/turns"] <= MAX_TURNS
+    assert 0.0 <= metrics["eval/valid_actions"] <= 1.0
+    # the training batch's trajectories, none errored
+    assert metrics["mcgpo/trajectories"] == PROMPTS * N
+    assert metrics["mcgpo/errored_trajectories"] == 0
 
 
 def test_the_update_has_a_gradient_a_kl_term_and_whole_pairs(run):

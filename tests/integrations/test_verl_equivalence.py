@@ -85,13 +85,15 @@ def result(request, tmp_path_factory) -> dict:
     return drive(tmp_path_factory, f"dp{request.param}", "--dp", str(request.param))
 
 
-@pytest.fixture(scope="module")
-def tis_result(tmp_path_factory) -> dict:
-    """verl's rollout correction on: pi_old the worker's, the sampler's log-probs shifted by
-    clip_shift (ratios 0.67, 1.49, 4.5: TIS at cap 2 truncates the last), the update with
-    the rollout_is_weights the mcgpo trainer writes; mcgpo's update with
-    train.rollout_correction tis on the same sampler log-probs (it recomputes pi_old)."""
-    return drive(tmp_path_factory, "tis", "--dp", "1", "--tis")
+@pytest.fixture(scope="module", params=[1, 2], ids=["dp1", "dp2"])
+def tis_result(request, tmp_path_factory) -> dict:
+    """verl's rollout correction on, at dp 1 and 2: pi_old shifted by clip_shift (PPO's clip
+    and dual clip bind), the sampler's log-probs that pi_old shifted again by tis_shift
+    (weights 3.3, truncated at cap 2, and 0.61), the update with the rollout_is_weights the
+    mcgpo trainer writes; mcgpo's update with train.rollout_correction tis on the same
+    sampler log-probs (it recomputes pi_old and takes the same clip_shift)."""
+    dp = request.param
+    return drive(tmp_path_factory, f"tis_dp{dp}", "--dp", str(dp), "--tis")
 
 
 def test_the_batch_has_signal(result):
@@ -172,16 +174,20 @@ def test_the_pair_terms_data_parallel_scale_is_checked(result):
 def test_rollout_correction_update_agrees(tis_result):
     """With verl's rollout correction mapped onto mcgpo's (token TIS, cap 2), verl's update
     with the plugin's rollout_is_weights equals mcgpo's own update with
-    train.rollout_correction tis: the same weights' statistics (mcgpo's function on both
-    sides, pi_old within 1e-6), the same new weights; without the correction mcgpo lands
-    far away (observed 1.8e-3), so the weights do act on verl's side."""
+    train.rollout_correction tis, at dp 1 and 2, with PPO's clip and the cap both binding:
+    the same weights' statistics (mcgpo's function on both sides, pi_old within 1e-6), the
+    same new weights; without the correction mcgpo lands far away, so the weights do act on
+    verl's side."""
     r = tis_result
     theirs, mine = r["verl_correction"], r["mcgpo_correction"]
     assert theirs.keys() == mine.keys() and "rollout_correction/clipped_frac" in mine
     for key, value in theirs.items():
         assert value == pytest.approx(mine[key], rel=1e-5, abs=1e-6), key
-    assert theirs["rollout_correction/clipped_frac"] > 0.01  # the cap binds (ratios 4.5)
-    assert theirs["rollout_correction/ratio_max"] > 4.0
+    assert theirs["rollout_correction/clipped_frac"] > 0.01  # the cap binds (weights 3.3)
+    assert theirs["rollout_correction/ratio_max"] > 3.0
+    # PPO's clip binds too, on verl's side in every mini-batch and on mcgpo's
+    assert min(r["verl_metrics"]["actor/pg_clipfrac"]) > 0.01
+    assert r["mcgpo_stats"]["policy/pg_clipfrac"] > 0.01
     assert r["old_logprob_diff"] <= LOGPROB_TOL
     assert r["plugin_advantages"] == r["mcgpo_advantages"]
     assert r["weights_vs_verl"] <= WEIGHT_TOL

@@ -59,16 +59,20 @@ def rows(seed: int = 0) -> list[dict]:
     return out
 
 
-def micro_batch(all_rows: list[dict], take: list[int], *, dp_size: int, weights=None):
+def micro_batch(
+    all_rows: list[dict], take: list[int], *, dp_size: int, weights=None, mini_rows=None
+):
     """A micro-batch TensorDict as verl's actor hands it to the loss (global batch info of
-    the 16-row mini-batch over ``dp_size`` ranks), and the model output."""
+    the mini-batch of all the rows over ``dp_size`` ranks; ``mini_rows``: the trainer's
+    ``mcgpo_mini_rows``, its learned rows), and the model output."""
     from verl.utils import tensordict_utils as tu
     from verl.utils.tensordict_utils import list_of_dict_to_tensordict
 
     keys = ("prompts", "responses", "response_mask", "old_log_probs", "rollout_log_probs",
             "advantages")  # fmt: skip
     data = list_of_dict_to_tensordict([{k: all_rows[i][k] for k in keys} for i in take])
-    partner, sign, weight = np.full(ROWS, -1), np.zeros(ROWS), np.zeros(ROWS)
+    n = len(all_rows)
+    partner, sign, weight = np.full(n, -1), np.zeros(n), np.zeros(n)
     for plus, minus, c in PAIRS:
         partner[plus], partner[minus], sign[plus], sign[minus] = minus, plus, 1, -1
         weight[plus] = weight[minus] = c
@@ -80,8 +84,10 @@ def micro_batch(all_rows: list[dict], take: list[int], *, dp_size: int, weights=
         data["rollout_is_weights"] = torch.nested.as_nested_tensor(
             [weights[i][: len(all_rows[i]["responses"])] for i in take], layout=torch.jagged
         )
+    if mini_rows is not None:
+        data["mcgpo_mini_rows"] = torch.full((len(take),), mini_rows, dtype=torch.int64)
     tokens = int(sum(int(r["response_mask"].sum()) for r in all_rows))
-    tu.assign_non_tensor(data, dp_size=dp_size, batch_num_tokens=tokens, global_batch_size=ROWS)
+    tu.assign_non_tensor(data, dp_size=dp_size, batch_num_tokens=tokens, global_batch_size=n)
     seq = [all_rows[i]["seq_log_probs"] for i in take]
     lengths = [len(s) for s in seq]
     log_probs = torch.nested.nested_tensor_from_jagged(
@@ -124,7 +130,7 @@ def actor_config():
     return config
 
 
-def run_ranks(all_rows, ranks, *, weights=None):
+def run_ranks(all_rows, ranks, *, weights=None, mini_rows=None):
     """``mcgpo_ppo_loss`` on each micro-batch of each rank; (each rank's summed loss, each
     rank's metrics as verl's worker collects them: one Metric per key, a value per
     micro-batch)."""
@@ -136,7 +142,9 @@ def run_ranks(all_rows, ranks, *, weights=None):
     for micro_batches in ranks:
         total, metrics = 0.0, {}
         for take in micro_batches:
-            data, out = micro_batch(all_rows, take, dp_size=len(ranks), weights=weights)
+            data, out = micro_batch(
+                all_rows, take, dp_size=len(ranks), weights=weights, mini_rows=mini_rows
+            )
             loss, m = mcgpo_ppo_loss(config, out, data, lambda_pair=LAMBDA)
             total = total + loss
             for key, value in m.items():
@@ -188,6 +196,54 @@ def test_pair_metrics_are_the_mini_batch_values_over_ranks_and_micro_batches(dp)
     assert pair_accuracy({"actor/pairs": 0.0}) == {}
     mean_loss = sum(losses) / dp  # FSDP averages the ranks' gradients
     torch.testing.assert_close(mean_loss, task + LAMBDA * pair)
+
+
+def padding_row(template: dict) -> dict:
+    """A synthetic padding row as verl makes it (trainer/ppo/padding_utils.py): a real row's
+    shape with its response mask zeroed (no tokens, no advantage, no pair)."""
+    row = {k: v.clone() for k, v in template.items()}
+    row["response_mask"] = torch.zeros_like(row["response_mask"])
+    row["advantages"] = torch.zeros_like(row["advantages"])
+    return row
+
+
+@pytest.mark.parametrize("dp", [1, 2])
+def test_pair_loss_is_normalised_as_mcgpos_on_a_batch_with_padding_rows(dp):
+    """verl pads a batch to a multiple of the mini-batch (here 16 real rows + 8 padding
+    rows, spread over the micro-batches as its balancing spreads them); verl's
+    global_batch_size counts them, mcgpo's mini-batches hold none. With the trainer's
+    mcgpo_mini_rows (16) the pair loss, its metric and the summed loss equal mcgpo's own on
+    the 16 real rows; normalised by global_batch_size it was 16/24 of it."""
+    from verl.utils.metric import Metric
+
+    all_rows = rows() + [padding_row(r) for r in rows(seed=1)[:8]]
+    micro = [[0, 1, 2, 3], [4, 5, 16, 17], [6, 7, 18, 19], [8, 9, 10, 11], [12, 13, 14, 15],
+             [20, 21, 22, 23]]  # fmt: skip
+    ranks = [micro[r * len(micro) // dp : (r + 1) * len(micro) // dp] for r in range(dp)]
+    task, pair, _ = mcgpo_reference(all_rows[:ROWS])
+    assert float(pair) > 0.1
+
+    def agg(collected, key: str) -> float:
+        return float(Metric.aggregate_dp([metrics[key] for metrics in collected]))
+
+    losses, collected = run_ranks(all_rows, ranks, mini_rows=ROWS)
+    np.testing.assert_allclose(agg(collected, "actor/pair_loss"), float(pair), rtol=1e-6)
+    torch.testing.assert_close(sum(losses) / dp, task + LAMBDA * pair)
+    # verl's global_batch_size alone (what the loss used before): 16 / 24 of mcgpo's
+    _, before = run_ranks(all_rows, ranks)
+    np.testing.assert_allclose(agg(before, "actor/pair_loss"), float(pair) * 16 / 24, rtol=1e-6)
+
+
+def test_mini_batch_learned_rows_counts_each_mini_batch_over_the_ranks():
+    """Rank d holds rows [d*S, (d+1)*S) and cuts them into mini-batches of rows_per_rank in
+    order, so mini-batch j is chunk j of every rank (hand-counted)."""
+    from mcgpo.integrations.verl.batch import mini_batch_learned_rows
+
+    learn = np.array([1, 1, 0, 1, 1, 0, 0, 0], dtype=bool)
+    got = mini_batch_learned_rows(learn, dp_size=2, rows_per_rank=2)
+    np.testing.assert_array_equal(got, [3, 3, 1, 1, 3, 3, 1, 1])
+    got = mini_batch_learned_rows(learn, dp_size=1, rows_per_rank=4)
+    np.testing.assert_array_equal(got, [3, 3, 3, 3, 1, 1, 1, 1])
 
 
 CORRECTIONS = [  # verl's rollout_is, rollout_is_threshold -> mcgpo's mode
@@ -300,12 +356,15 @@ def test_trainer_advantage_step_writes_mcgpos_weights(monkeypatch):
     monkeypatch.setattr(trainer_module.tq, "kv_batch_get", kv_batch_get)
     monkeypatch.setattr(trainer_module.tq, "kv_batch_put", kv_batch_put)
     config = OmegaConf.create({
-        "actor_rollout_ref": {"rollout": {"n": 4, "calculate_log_probs": True}},
+        "actor_rollout_ref": {"rollout": {"n": 4, "calculate_log_probs": True},
+                              "actor": {"ppo_mini_batch_size": 2}},
         "algorithm": {"rollout_correction": {"rollout_is": "token", "rollout_is_threshold": 2.0}},
         "mcgpo": {"env": {"name": "household"}, "algo": {"name": "grpo"}},
     })  # fmt: skip
     batch = FakeBatch(keys=[f"k{i}" for i in range(len(records))], partition_id="train")
     trainer = trainer_module.McgpoTrainer.__new__(trainer_module.McgpoTrainer)
+    trainer.config, trainer.global_steps = config, 1
+    trainer._failed_updates, trainer._max_failed_updates, trainer._first_error = 0, 3, ""
     trainer.mcgpo = plugin_config(config)
     trainer._correction = rollout_correction(config)
     trainer._dp_size = lambda: 1
@@ -320,6 +379,8 @@ def test_trainer_advantage_step_writes_mcgpos_weights(monkeypatch):
     assert metrics["rollout_correction/ratio_max"] == stats["rollout_correction/ratio_max"] > 2.0
     adv = store["advantages"].to_padded_tensor(0.0)[:, 0]
     np.testing.assert_array_equal(adv.numpy(), result.advantages)
+    # the pair loss's normaliser: 2 prompts x 4 = 8 rows per mini-batch, all learned
+    np.testing.assert_array_equal(store["mcgpo_mini_rows"].numpy(), [8] * len(records))
     trainer._correction, trainer._credit = None, (list(batch.keys), result, None, {})
     del store["rollout_is_weights"]
     trainer._compute_advantage(batch, {})

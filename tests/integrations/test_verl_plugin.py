@@ -40,8 +40,13 @@ def test_plugin_config_errors():
     from mcgpo.training.config import ConfigError
 
     bad = verl_config()
-    bad.mcgpo.train = {"lr": 1.0}
-    with pytest.raises(ConfigError, match=r"^mcgpo.train: unknown section"):
+    bad.mcgpo.trainer = {"lr": 1.0}
+    with pytest.raises(ConfigError, match=r"^mcgpo.trainer: unknown section"):
+        plugin_config(bad)
+    bad = verl_config()
+    bad.mcgpo.train = {"lr": 1.0}  # verl's actor config has it: named, not ignored
+    with pytest.raises(ConfigError, match=r"^mcgpo.train.lr: verl's actor config "
+                                          r"\(actor_rollout_ref.actor.\*\) governs"):  # fmt: skip
         plugin_config(bad)
     with pytest.raises(ConfigError, match=r"unknown option --algo.nope for mcgpo"):
         plugin_config(verl_config(nope=1))

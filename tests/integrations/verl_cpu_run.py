@@ -137,7 +137,12 @@ def overrides(out: Path, model: Path) -> list[str]:
         "transfer_queue.enable=true",
         "trainer.use_v1=true", "trainer.v1.trainer_mode=mcgpo", "trainer.device=cpu",
         f"trainer.n_gpus_per_node={DP}", "trainer.nnodes=1", "trainer.total_training_steps=1",
-        "trainer.total_epochs=1", "trainer.val_before_train=false", "trainer.test_freq=-1",
+        "trainer.total_epochs=1", "trainer.val_before_train=false",
+        # validation after the update (the last step), logged with the step's metrics: one
+        # sampled episode per task (val_kwargs.n 1) at T = 1 (mcgpo_cpu samples; greedy is
+        # verl's default)
+        "trainer.test_freq=1", f"{rollout}.val_kwargs.do_sample=true",
+        f"{rollout}.val_kwargs.temperature=1.0", f"{rollout}.val_kwargs.n=1",
         "trainer.save_freq=1", "trainer.logger=[console,file]",
         f"trainer.default_local_dir='{out / 'ckpt'}'",
         "+mcgpo.env.name=e2e_fork", f"+mcgpo.env.max_turns={MAX_TURNS}",

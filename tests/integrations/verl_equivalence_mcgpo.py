@@ -55,14 +55,16 @@ def plugin_run_config():
 
 
 def mcgpo_update(model_dir, ref_dir, table, order, prompts, responses, old, *, kl, lam,
-                 per_mini_batch=False, tis=False):  # fmt: skip
+                 per_mini_batch=False, tis=False, old_shift=None):  # fmt: skip
     """mcgpo's own update of the same rows in the same order: the new weights, its stats
     (a list, one per mini-batch, with ``per_mini_batch``: one update_policy call per
     mini-batch with the same optimizer, which is the same sequence of AdamW steps), and
     the credit. ``old``: pi_old per row; with ``tis`` the sampler's log-probs instead, and
     the update recomputes pi_old with a training forward and weights the policy-gradient
     tokens by train.rollout_correction tis (token level, cap TIS_CAP), as mcgpo's trainer
-    does with a mismatched sampler."""
+    does with a mismatched sampler. ``old_shift`` (per row, per response token): added to
+    that recomputed pi_old, as the equivalence shifts verl's (so that PPO's clip binds
+    with the correction on too)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -99,6 +101,25 @@ def mcgpo_update(model_dir, ref_dir, table, order, prompts, responses, old, *, k
     rows = MINI_PROMPTS * N
     groups = np.arange(len(order)) // rows  # verl's contiguous mini-batches
     ref_model = ref if kl > 0 else None
+    if old_shift is not None:  # update_policy's recomputed pi_old, shifted
+        import dataclasses
+        from unittest import mock
+
+        from mcgpo.training import update as update_module
+
+        shift = TokenBatch.from_sequences(
+            [prompts[i] for i in order], [responses[i] for i in order], old_shift, pad_token_id=0
+        ).old_log_probs
+        recompute = update_module.old_log_probs_for_update
+
+        def shifted(model, given, *args, **kwargs):
+            given, stats = recompute(model, given, *args, **kwargs)
+            assert torch.equal(given.input_ids, batch.input_ids)  # the rows in this order
+            return dataclasses.replace(given, old_log_probs=given.old_log_probs + shift), stats
+
+        with mock.patch.object(update_module, "old_log_probs_for_update", shifted):
+            return mcgpo_update(model_dir, ref_dir, table, order, prompts, responses, old,
+                                kl=kl, lam=lam, per_mini_batch=per_mini_batch, tis=tis)  # fmt: skip
     if per_mini_batch:
         stats = []
         for k in range(len(order) // rows):

@@ -33,12 +33,15 @@ mcgpo with lambda_pair 0 and with KL 0, and for D > 1 with the pair term scaled 
 by 1/D (controls: each moves the weights by far more than the tolerance, so a wrong
 data-parallel scale of the pair term fails).
 
-``--tis``: verl's rollout correction on. pi_old stays the worker's, the shifted values are
-the sampler's log-probs (``rollout_log_probs``), and verl's update gets the
-``rollout_is_weights`` the mcgpo trainer writes for ``rollout_is: token``,
-``rollout_is_threshold: 2`` (:func:`~mcgpo.integrations.verl.loss.rollout_is_weights`);
-mcgpo's update gets the same sampler log-probs with ``train.rollout_correction tis`` (cap 2)
-and recomputes pi_old itself. Control: mcgpo without the correction.
+``--tis``: verl's rollout correction on, with the clip still binding: pi_old is shifted by
+:func:`clip_shift` as above, the sampler's log-probs (``rollout_log_probs``) are that pi_old
+shifted again by :func:`tis_shift` (rollout weights 3.3, truncated at the cap 2, and 0.61),
+and verl's update gets the ``rollout_is_weights`` the mcgpo trainer writes for
+``rollout_is: token``, ``rollout_is_threshold: 2``
+(:func:`~mcgpo.integrations.verl.loss.rollout_is_weights`); mcgpo's update gets the same
+sampler log-probs with ``train.rollout_correction tis`` (cap 2), recomputes pi_old itself
+and adds the same :func:`clip_shift` to it (``old_shift``). Control: mcgpo without the
+correction.
 
 The mcgpo side and the shared setup are in verl_equivalence_mcgpo.py.
 
@@ -146,14 +149,29 @@ def clip_shift(row: int, length: int) -> list[float]:
     return shift
 
 
+def tis_shift(row: int, length: int) -> list[float]:
+    """e added to the sampler's log-probs on top of pi_old's (``--tis``: the sampler's are
+    pi_old + e), so that the rollout weight pi_old / pi_sampler = exp(-e) is 3.3 on the last
+    token of every odd row (TIS truncates it at the cap 2) and 0.61 on the first token of
+    every fifth row; 1 elsewhere. Independent of :func:`clip_shift`, which still makes PPO's
+    clip and dual clip bind."""
+    shift = [0.0] * length
+    if row % 2 == 1:
+        shift[-1] = -1.2
+    if row % 5 == 0:
+        shift[0] += 0.5
+    return shift
+
+
 def verl_update(config, ref_config, data, first_row: int, tis: bool = False) -> dict:
     """pi_old from the actor worker's compute_log_prob (then shifted by :func:`clip_shift`;
     ``first_row``: the chunk's first row in the batch), the reference log-probs from a ref
     worker (``ref_config``: another model folder), then one update_actor; the new weights
-    (gathered from every rank: all ranks must call this). With ``tis`` pi_old stays the
-    worker's and the shifted values are the sampler's (``rollout_log_probs``): the update
-    gets the ``rollout_is_weights`` the mcgpo trainer's advantage step would write for
-    verl's ``rollout_is: token``, ``rollout_is_threshold: TIS_CAP``."""
+    (gathered from every rank: all ranks must call this). With ``tis`` the sampler's
+    log-probs (``rollout_log_probs``) are that pi_old shifted again by :func:`tis_shift`,
+    and the update gets the ``rollout_is_weights`` the mcgpo trainer's advantage step would
+    write for verl's ``rollout_is: token``, ``rollout_is_threshold: TIS_CAP``: the clip and
+    the cap both bind."""
     import torch
     from verl.trainer.ppo.v1.trainer_base import response_from_nested
     from verl.utils import tensordict_utils as tu
@@ -175,11 +193,14 @@ def verl_update(config, ref_config, data, first_row: int, tis: bool = False) -> 
         [t + torch.tensor(clip_shift(first_row + i, len(t)), dtype=t.dtype)
          for i, t in enumerate(raw.unbind())], layout=torch.jagged,
     )  # fmt: skip
-    old, correction = shifted, {}
+    old, behaviour, correction = shifted, shifted, {}
     if tis:
-        old, tis_mode = raw, RolloutCorrection("tis", "token", TIS_CAP)
+        behaviour = torch.nested.as_nested_tensor(
+            [t + torch.tensor(tis_shift(first_row + i, len(t)), dtype=t.dtype)
+             for i, t in enumerate(shifted.unbind())], layout=torch.jagged,
+        )  # fmt: skip
         data["rollout_is_weights"], correction = rollout_is_weights(
-            raw, shifted, data["response_mask"], tis_mode
+            old, behaviour, data["response_mask"], RolloutCorrection("tis", "token", TIS_CAP)
         )
     ref_worker = ActorRolloutRefWorker(ref_config.actor_rollout_ref, role="ref")
     ref_worker.init_model()
@@ -203,7 +224,7 @@ def verl_update(config, ref_config, data, first_row: int, tis: bool = False) -> 
     return {
         "state": state, "old": [t.tolist() for t in old.unbind()],
         "raw_old": [t.tolist() for t in raw.unbind()],
-        "behaviour": [t.tolist() for t in shifted.unbind()], "correction": correction,
+        "behaviour": [t.tolist() for t in behaviour.unbind()], "correction": correction,
         "ref": [t.tolist() for t in ref.unbind()], "metrics": metrics,
     }  # fmt: skip
 
@@ -298,7 +319,11 @@ def run(out: Path, dp: int, tis: bool = False) -> dict:
     given = [row for side in ranks for row in side["behaviour" if tis else "old"]]
     same = (out / "model", out / "ref", table, rows, prompts, responses,
             [given[i] for i in perm])  # fmt: skip
-    mine, mine_stats, credit = mcgpo_update(*same, kl=KL, lam=LAMBDA, tis=tis)
+    # with tis mcgpo recomputes pi_old (the worker's, within LOGPROB_TOL) and then takes the
+    # same clip_shift verl's pi_old has, row by row in its own order
+    old_shift = [clip_shift(i, len(responses[order[i]])) for i in perm] if tis else None
+    mine, mine_stats, credit = mcgpo_update(*same, kl=KL, lam=LAMBDA, tis=tis,
+                                            old_shift=old_shift)  # fmt: skip
     # per mini-batch: one call each (with tis each call would recompute pi_old at its own
     # weights, which verl does once: so only without it)
     step_stats = []
@@ -315,7 +340,8 @@ def run(out: Path, dp: int, tis: bool = False) -> dict:
     def max_diff(a, b):
         return max(float((a[k] - b[k]).abs().max()) for k in names)
 
-    control = {k: max_diff(mcgpo_update(*same, kl=kl, lam=lam, tis=t)[0], theirs)
+    control = {k: max_diff(mcgpo_update(*same, kl=kl, lam=lam, tis=t,
+                                        old_shift=old_shift if t else None)[0], theirs)
                for k, (kl, lam, t) in controls.items()}  # fmt: skip
 
     def logprob_diff(folder, verl_values):
@@ -336,10 +362,26 @@ def run(out: Path, dp: int, tis: bool = False) -> dict:
         if all(isinstance(x, (int, float)) for x in values):
             metrics[key] = [float(x) for x in values]
     plus = np.flatnonzero(result.sign > 0)
+    verl_correction = {}
+    if tis:  # over the whole batch, as the trainer's advantage step computes them
+        from mcgpo.integrations.verl.config import RolloutCorrection
+        from mcgpo.integrations.verl.loss import rollout_is_weights
+
+        def nested(key):
+            rows = [torch.tensor(r) for side in ranks for r in side[key]]
+            return torch.nested.as_nested_tensor(rows, layout=torch.jagged)
+
+        mask = torch.nested.as_nested_tensor(
+            [torch.ones(len(r), dtype=torch.int64) for side in ranks for r in side["old"]],
+            layout=torch.jagged,
+        )  # fmt: skip
+        _, verl_correction = rollout_is_weights(
+            nested("old"), nested("behaviour"), mask, RolloutCorrection("tis", "token", TIS_CAP)
+        )
     return {
         "dp": dp,
         "tis": tis,
-        "verl_correction": ranks[0]["correction"],  # rank 0's rows (all of them at dp 1)
+        "verl_correction": verl_correction,
         "mcgpo_correction": {
             k: v for k, v in mine_stats.items() if k.startswith("rollout_correction/")
         },

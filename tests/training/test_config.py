@@ -60,13 +60,16 @@ def test_from_dict_applies_nested_values_and_estimator_options():
     ("data", "message"),
     [
         ({"lr": 1.0}, "unknown key 'lr'"),
-        ({"train": {"lrr": 1.0}}, "unknown key 'train.lrr'"),
+        ({"train": {"lrr": 1.0}}, "unknown key 'train.lrr' (did you mean 'train.lr'?)"),
         ({"train": 3}, "train must be a table"),
         ({"train": {"lr": "fast"}}, "train.lr: expected a number, got 'fast'"),
         ({"train": {"updates": 1.5}}, "train.updates: expected an integer, got 1.5"),
         ({"resume": "maybe"}, "resume: expected true or false, got 'maybe'"),
         ({"env": {"name": 3}}, "env.name: expected a string, got 3"),
-        ({"train": {"nested": {"x": 1}}}, "unknown key 'train.nested'"),
+        (
+            {"train": {"nested": {"x": 1}}},
+            "unknown key 'train.nested' (did you mean 'train.updates'?)",  # difflib's closest
+        ),
     ],
 )
 def test_from_dict_rejects_unknown_keys_and_bad_values(data, message):
@@ -86,6 +89,7 @@ def test_from_dict_rejects_unknown_keys_and_bad_values(data, message):
         ({"rollout": {"temperature": 0}}, "siblings of a task act alike), got 0.0"),
         ({"eval": {"temperature": -0.1}}, "eval.temperature must be >= 0.0, got -0.1"),
         ({"eval": {"every": -1}}, "eval.every must be >= 0, got -1"),
+        ({"train": {"max_failed_updates": 0}}, "train.max_failed_updates must be >= 1, got 0"),
         ({"device": "tpu"}, "device must be cpu or cuda[:N], got 'tpu'"),
     ],
 )
@@ -188,7 +192,9 @@ def test_resolve_algo_fills_defaults_and_checks_options():
     assert algo.pairs == {}
     mc = resolve_algo(AlgoConfig(name="mcgpo", pairs={"kappa": "2"}), 6)
     assert mc.pairs["kappa"] == 2.0 and mc.pairs["group_size"] == 6
-    with pytest.raises(ConfigError, match="unknown algorithm 'ppo'; known: "):
+    with pytest.raises(
+        ConfigError, match=r"unknown algorithm 'ppo' \(did you mean 'progpo'\?\); known: "
+    ):
         resolve_algo(AlgoConfig(name="ppo"), 8)
     with pytest.raises(ConfigError, match=r"unknown option --algo.omega for grpo; options: "):
         resolve_algo(AlgoConfig(name="grpo", estimator={"omega": 1}), 8)

@@ -172,8 +172,9 @@ def test_two_processes_resume_as_uninterrupted(tmp_path, smoke_args):
     launch(smoke_args(split, *GREEDY, "--nproc", "2", "--resume"))
     wa, wb = saved_weights(whole / "model"), saved_weights(split / "model")
     assert max(float((wa[k] - wb[k]).abs().max()) for k in wa) < 1e-6
-    # the same world size only: a 1-process resume of a 2-process run is refused
-    assert main(smoke_args(split, *GREEDY, "--resume")) == 2
+    # the same world size only: a 1-process resume of a 2-process run is refused (without
+    # --nproc the resume takes the run's own 2 from its config.toml)
+    assert main(smoke_args(split, *GREEDY, "--nproc", "1", "--resume")) == 2
 
 
 @pytest.mark.slow

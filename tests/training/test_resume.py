@@ -7,15 +7,23 @@ rollout seeds derive from (seed, update).
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 from safetensors.torch import load_file
 
+import mcgpo
 from mcgpo.cli import main
 from mcgpo.training.checkpoint import latest_checkpoint, load_checkpoint
 from mcgpo.training.metrics import read_metrics
 
-pytestmark = pytest.mark.slow  # three short runs
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+pytestmark = pytest.mark.slow  # short runs
 
 
 @pytest.fixture
@@ -61,13 +69,102 @@ def test_resumed_run_equals_the_uninterrupted_run(run, tmp_path):
     assert ra == rb
 
 
-def test_resume_refuses_a_changed_config(run, smoke_args, tmp_path, capsys):
+def test_resume_names_every_fixed_key_that_differs(run, smoke_args, tmp_path, capsys):
     out = tmp_path / "run"
     run(out, "--train.updates", "1")
     capsys.readouterr()
-    args = smoke_args(out, "--deterministic", "--threads", "1", "--resume")
-    assert main([*args, "--train.lr", "0.5"]) == 2
+    # the old bug: only the first differing key in alphabetical order, and a wrong one
+    # (algo.convention, an option that differs because algo.name does)
+    code = main(["train", "--resume", "--out", str(out), "--algo.name", "grpo",
+                 "--train.lr", "0.5", "--rollout.groups", "3"])  # fmt: skip
+    assert code == 2
     err = capsys.readouterr().err.strip()
-    assert err == (
-        "mcgpo train: error: --resume: train.lr is 0.5 but the run was started with 0.001"
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
+    assert err.startswith(
+        "mcgpo train: error: --resume: algo.name is 'grpo' but the run was started with "
+        "'mcgpo'; rollout.groups is 3 but the run was started with 2; train.lr is 0.5 but the "
+        "run was started with 0.001 (config.toml of "
     )
+    assert "convention" not in err and "out is" not in err
+
+
+def test_resume_reads_config_toml_keeps_the_command_and_follows_a_moved_folder(
+    run, smoke_args, tmp_path, capsys
+):
+    first = tmp_path / "first"
+    run(first, "--train.updates", "1")
+    text = (first / "config.toml").read_text()
+    started = text.splitlines()[0]
+    assert started.startswith("# mcgpo train --preset household-smoke --model ")
+    moved = tmp_path / "moved"
+    first.rename(moved)  # config.toml still says out = ".../first"
+    # no flag retyped: the preset, the model, --deterministic and --threads come from config.toml
+    argv = ["train", "--resume", "--out", str(moved), "--train.updates", "2",
+            "--eval.tasks", "1", "--set", "progress=false"]  # fmt: skip
+    assert main(argv) == 0
+    assert load_checkpoint(latest_checkpoint(moved)).update == 2
+    lines = (moved / "config.toml").read_text().splitlines()
+    assert lines[0] == started
+    assert lines[1] == "# resumed: mcgpo " + " ".join(argv)
+    saved = tomllib.loads((moved / "config.toml").read_text())
+    assert saved["train"]["updates"] == 2 and saved["eval"]["tasks"] == 1
+    assert saved["out"] == str(moved) and saved["deterministic"] is True
+    code = saved["code"]
+    assert code["version"] == mcgpo.__version__
+    assert [r["command"] for r in code["resumed"]] == ["mcgpo " + " ".join(argv)]
+    # a second resume appends; the first line stays the command that started the run
+    assert main(["train", "--resume", "--out", str(moved), "--train.updates", "3"]) == 0
+    lines = (moved / "config.toml").read_text().splitlines()
+    assert lines[0] == started
+    assert lines[2] == f"# resumed: mcgpo train --resume --out {moved} --train.updates 3"
+    assert len(tomllib.loads((moved / "config.toml").read_text())["code"]["resumed"]) == 2
+
+
+@pytest.mark.parametrize(
+    ("damaged", "says"),
+    [
+        ("trainer.pt", "'{path}' is damaged and cannot be read ("),
+        ("model/model.safetensors", "policy folder '{path}': cannot load the model ("),
+    ],
+)
+def test_a_damaged_checkpoint_falls_back_to_the_previous_one(run, tmp_path, capsys, damaged, says):
+    out = tmp_path / "run"
+    run(out, "--train.updates", "2")  # save_every 1 keeps update-000001 and update-000002
+    newest = out / "checkpoints" / "update-000002" / damaged
+    newest.write_bytes(newest.read_bytes()[:300])  # a write cut short
+    capsys.readouterr()
+    assert main(["train", "--resume", "--out", str(out), "--train.updates", "3"]) == 0
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "weights_only" not in err
+    path = newest if damaged == "trainer.pt" else newest.parent
+    assert "[train] warning: " + says.format(path=path) in err
+    assert "[train] warning: resuming from the previous kept checkpoint, update-000001" in err
+    # the run went on from update 1: updates 2 and 3 were run again
+    assert load_checkpoint(latest_checkpoint(out)).update == 3
+    updates = [r["update"] for r in read_metrics(out / "metrics.jsonl") if "loss/policy" in r]
+    assert updates == [1, 2, 3]
+
+
+def test_no_readable_checkpoint_is_one_line(run, tmp_path, capsys):
+    out = tmp_path / "run"
+    run(out, "--train.updates", "2")
+    for name in ("update-000001", "update-000002"):
+        (out / "checkpoints" / name / "trainer.pt").write_bytes(b"not a torch file")
+    capsys.readouterr()
+    assert main(["train", "--resume", "--out", str(out), "--train.updates", "3"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
+    assert err.startswith(f"mcgpo train: error: --resume: no usable checkpoint in '{out}': ")
+    assert err.count("is damaged and cannot be read") == 2
+
+
+def test_a_component_option_from_the_command_line_equals_its_saved_value():
+    from mcgpo.training.run_folder import fixed_changes
+
+    fixed = lambda key: False  # noqa: E731 - every key compared
+    # --env.retries 0 is the string "0" until the environment reads it; config.toml holds 0
+    assert fixed_changes({"env.retries": 0}, {"env.retries": "0"}, fixed) == []
+    assert fixed_changes({"env.flag": True}, {"env.flag": "true"}, fixed) == []
+    assert fixed_changes({"env.retries": 0}, {"env.retries": "1"}, fixed) == [
+        "env.retries is '1' but the run was started with 0"
+    ]

@@ -31,6 +31,7 @@ from typing import NoReturn
 
 from mcgpo.bench.runner import Variant, default_parallel
 from mcgpo.bench.study import run_study, split_items
+from mcgpo.options import did_you_mean
 
 __all__ = ["ABLATIONS", "SWEEP", "ablate_main", "bench_main", "sweep_main"]
 
@@ -81,7 +82,10 @@ class _OneLineParser(argparse.ArgumentParser):
 def _parser(prog: str, description: str) -> argparse.ArgumentParser:
     p = _OneLineParser(prog=prog, description=description, allow_abbrev=False)
     p.add_argument(
-        "--preset", default="household-quick", help="training preset (default: %(default)s)"
+        "--preset",
+        "--config",
+        default="household-quick",
+        help="training preset, a name or a TOML path (default: %(default)s)",
     )
     p.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (default: %(default)s)")
     p.add_argument(
@@ -101,7 +105,8 @@ def _parser(prog: str, description: str) -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="extra flag for every training run, e.g. --set train.updates=10; the warm start "
+        help="extra flag for every training run, e.g. --set train.updates=10 (or, as mcgpo train "
+        "takes it, --train.updates 10); the warm start "
         "also gets the env, rollout, sft and eval ones, and model=FOLDER goes to the warm start "
         "only (the policy it fine-tunes); out, seed, threads, progress and resume are the "
         "benchmark's own",
@@ -226,8 +231,23 @@ def sweep_main(argv: Sequence[str] | None = None) -> int:
 
 
 def _parse(p: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
-    """``p``'s options, with the command line itself as ``argv`` (for the results header)."""
+    """``p``'s options, with the command line itself as ``argv`` (for the results header).
+
+    A run option in ``mcgpo train``'s form (``--train.lr 1e-3``, ``--train.lr=1e-3``) is taken
+    as ``--set train.lr=1e-3``; anything else unknown is one line naming the closest option."""
     given = list(sys.argv[2:] if argv is None else argv)
-    args = p.parse_args(given)
+    args, rest = p.parse_known_args(given)
+    i = 0
+    while i < len(rest):
+        name, eq, value = rest[i].removeprefix("--").partition("=")
+        if not rest[i].startswith("--") or "." not in name:
+            known = [o for a in p._actions for o in a.option_strings]
+            p.error(f"unrecognized argument {rest[i]}{did_you_mean(rest[i], known)}")
+        if not eq:
+            if i + 1 >= len(rest) or rest[i + 1].startswith("--"):
+                p.error(f"option --{name} needs a value")
+            value, i = rest[i + 1], i + 1
+        args.set.append(f"{name}={value}")
+        i += 1
     args.argv = given
     return args

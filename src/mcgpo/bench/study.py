@@ -79,6 +79,7 @@ def run_study(command: str, args: argparse.Namespace, variants: Sequence[Variant
             raise _BadInput("give --model (no warm start) or --set model (warm-start it), not both")
         if args.model is not None and args.model != "tiny" and not Path(args.model).is_dir():
             raise _BadInput(f"--model {args.model!r}: folder not found")
+        _check_runs(args.preset, variants, extra, None if args.model else warm_extra)
         out = _writable_folder(Path(args.out or f"runs/{command}-{Path(args.preset).stem}"))
         kept = _carry_folder(args.carry, out)
     except _BadInput as err:
@@ -101,6 +102,11 @@ def run_study(command: str, args: argparse.Namespace, variants: Sequence[Variant
     on_done = None if kept is None else _carrier(command, out, kept)
     codes = run_plans(plans, parallel=parallel, on_done=on_done)
     failed = [str(f) for f, c in codes.items() if c != 0]
+    for folder in failed:
+        log = Path(folder) / "bench.log"
+        print(
+            f"mcgpo {command}: run {folder} failed: {_last_line(log)} (see {log})", file=sys.stderr
+        )
     finished = [p for p in plans if codes.get(p.folder) == 0]
     if not finished:
         print(f"mcgpo {command}: no run finished; see the bench.log files", file=sys.stderr)
@@ -124,6 +130,43 @@ def run_study(command: str, args: argparse.Namespace, variants: Sequence[Variant
             return 1
         print(f"[{command}] carried to {kept}", file=sys.stderr)
     return 0 if not failed else 1
+
+
+def _check_runs(
+    preset: str, variants: Sequence[Variant], extra: Sequence[str], warm: Sequence[str] | None
+) -> None:
+    """Resolve every run's config (and the warm start's, unless ``warm`` is None) as the
+    child processes will, before any of them starts: a misspelled preset, ``--set`` key or
+    algorithm option is found in seconds, not after the warm start."""
+    from mcgpo.training.algorithms import resolve_algo
+    from mcgpo.training.build import env_factory
+    from mcgpo.training.config import ConfigError
+    from mcgpo.training.overrides import resolve_command
+
+    try:
+        configs = [resolve_command("sft", ["--preset", preset, *warm])] if warm is not None else []
+        if configs and configs[0].model != "tiny" and not Path(configs[0].model).is_dir():
+            from mcgpo.policy.loading import hub_id_hint
+
+            hint = hub_id_hint(configs[0].model)
+            raise _BadInput(f"--set model={configs[0].model}: folder not found{hint}")
+        for variant in variants:
+            cfg = resolve_command("train", ["--preset", preset, *extra, *variant.flags])
+            resolve_algo(cfg.algo, cfg.rollout.group_size)
+            configs.append(cfg)
+        if configs:  # one environment built: its name and options (the variants' are the same)
+            env_factory(configs[0])
+    except ConfigError as err:
+        raise _BadInput(str(err)) from None
+
+
+def _last_line(log: Path) -> str:
+    """The last line a child process wrote to its log (its error), or ''."""
+    try:
+        lines = log.read_text(encoding="utf-8", errors="replace").strip().splitlines()
+    except OSError:
+        return ""
+    return lines[-1].strip() if lines else ""
 
 
 def _seeds(text: str) -> list[int]:
@@ -232,7 +275,8 @@ def _warm_start(command: str, warm: Path, flags: Sequence[str]) -> str | None:
     # the warm start is one process alone: it gets every core
     codes = run_plans([_warm_plan(warm, flags, max(1, os.cpu_count() or 1))], parallel=1)
     if codes[warm] != 0:
-        print(f"mcgpo {command}: warm start failed, see {warm / 'bench.log'}", file=sys.stderr)
+        log = warm / "bench.log"
+        print(f"mcgpo {command}: warm start failed: {_last_line(log)} (see {log})", file=sys.stderr)
         return None
     return str(model)
 

@@ -16,6 +16,7 @@ A plugin that fails to load raises :class:`EnvPluginError`, one line naming the 
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Callable
 from typing import Any
 
@@ -91,8 +92,10 @@ def make_env(name: str, **options: Any) -> Env:
     try:
         factory = ENVIRONMENTS[name]
     except KeyError:
+        close = difflib.get_close_matches(name, list(ENVIRONMENTS), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise ValueError(
-            f"unknown environment {name!r}; known: {', '.join(ENVIRONMENTS)} "
+            f"unknown environment {name!r}{hint}; known: {', '.join(ENVIRONMENTS)} "
             f"(or install a package with a {ENTRY_POINT_GROUP!r} entry point)"
         ) from None
     return factory(**options)

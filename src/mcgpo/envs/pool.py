@@ -27,6 +27,10 @@ slot, as sequential stepping (each environment owns its state), for one round tr
 instead of one per slot. ``close()`` also closes in-process environments that have a
 ``close`` method (a served environment's session).
 
+Two ``step`` calls on disjoint slots may run at once (from two threads) where
+:attr:`EnvPool.steps_at_once` says so (such I/O-bound environments in process); a worker
+pool's calls must come one at a time (``collect``'s ``overlap_env`` holds a lock then).
+
 Errors the *caller* makes (stepping a slot that is done, errored or out of range; a wrong
 number of seeds) raise ``PoolError`` before any environment is touched.
 """
@@ -36,6 +40,7 @@ from __future__ import annotations
 import contextlib
 import math
 import numbers
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from types import TracebackType
@@ -144,6 +149,7 @@ class EnvPool:
         self._step_errors = 0
         self._steps = 0
         self._restarts_before = 0
+        self._counting = threading.Lock()  # two steps of disjoint slots may count at once
 
     def __len__(self) -> int:
         return self._n
@@ -205,6 +211,12 @@ class EnvPool:
         """Step the given live slots; a slot that raises is marked errored and left out."""
         todo = self._checked(actions)
         done = self._run({i: ("step", action) for i, action in todo.items()})
+        with self._counting:
+            return self._step_results(todo, done)
+
+    def _step_results(
+        self, todo: dict[int, str], done: dict[int, tuple[bool, Any]]
+    ) -> dict[int, StepResult]:
         results: dict[int, StepResult] = {}
         for i in sorted(todo):
             phase = f"step turn {self.turns[i] + 1}"
@@ -252,6 +264,12 @@ class EnvPool:
 
     def _restarts(self) -> int:
         return 0 if self._workers is None else self._workers.restarts
+
+    @property
+    def steps_at_once(self) -> bool:
+        """Whether two ``step`` calls on disjoint slots may run at once (in-process
+        environments that say ``concurrent_steps``: each call steps its slots from threads)."""
+        return self._threads is not None
 
     def live(self) -> list[int]:
         """Slots neither done nor errored, in increasing order."""

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-__all__ = ["BUILD_TIMEOUT", "EnvSpec", "WorkerError", "WorkerSet", "describe"]
+__all__ = ["BUILD_TIMEOUT", "BadInput", "EnvSpec", "WorkerError", "WorkerSet", "describe"]
 
 BUILD_TIMEOUT = 300.0  # seconds a worker may take to import and build its environments
 _JOIN_TIMEOUT = 5.0  # seconds close() waits for a worker to stop before killing it
@@ -40,6 +40,12 @@ _JOIN_TIMEOUT = 5.0  # seconds close() waits for a worker to stop before killing
 
 class WorkerError(RuntimeError):
     """A worker could not build its environments (one line naming the error)."""
+
+
+class BadInput(str):
+    """A failed job's one-line message when the environment refused the job's input: a
+    ``reset`` that raised ``ValueError`` (an unknown split, a bad seed). A plain ``str``
+    everywhere else; the environment server answers it as the client's mistake (4xx)."""
 
 
 def describe(exc: BaseException) -> str:
@@ -79,7 +85,8 @@ def _worker_main(conn: Connection, factory: Callable[[], Any], slots: list[int])
                 value = _run_job(envs[slot], job)
                 conn.send((slot, True, value))  # pickling fails before anything is written
             except Exception as exc:  # isolate the slot; the parent marks it errored
-                conn.send((slot, False, describe(exc)))
+                refused = job[0] == "reset" and isinstance(exc, ValueError)
+                conn.send((slot, False, (BadInput if refused else str)(describe(exc))))
 
 
 def _run_job(env: Any, job: tuple) -> Any:

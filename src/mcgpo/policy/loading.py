@@ -36,12 +36,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 
 __all__ = [
     "PolicyLoadError",
     "full_parameters",
     "full_weights",
     "holds_shards",
+    "hub_id_hint",
     "load_policy",
     "save_policy",
     "write_policy",
@@ -51,6 +53,19 @@ __all__ = [
 
 class PolicyLoadError(ValueError):
     """A policy folder cannot be loaded; the message names the folder and the problem."""
+
+
+def hub_id_hint(path: str | Path) -> str:
+    """For a missing folder named like a Hugging Face hub id (``owner/name``): the tail of
+    its error, saying that only a local folder loads (nothing is downloaded); else ``""``."""
+    text = str(path)
+    parts = text.split("/")
+    if len(parts) != 2 or not all(parts) or text.startswith((".", "~")):
+        return ""
+    return (
+        f"; pass a local folder: download the hub model first, e.g. `hf download {text} "
+        f"--local-dir models/{parts[1]}`, then --model models/{parts[1]} (no download here)"
+    )
 
 
 def load_policy(
@@ -70,7 +85,7 @@ def load_policy(
 
     folder = Path(path)
     if not folder.exists():
-        raise PolicyLoadError(f"policy folder {str(folder)!r} does not exist")
+        raise PolicyLoadError(f"policy folder {str(folder)!r} does not exist{hub_id_hint(path)}")
     if not folder.is_dir():
         raise PolicyLoadError(f"policy path {str(folder)!r} is not a folder")
     from mcgpo.policy.lora import is_adapter_folder
@@ -96,7 +111,7 @@ def load_policy(
             model = AutoModelForCausalLM.from_pretrained(
                 folder, local_files_only=True, dtype=dtype or torch.float32
             )
-    except (OSError, ValueError, KeyError) as err:
+    except (OSError, ValueError, KeyError, SafetensorError) as err:  # a damaged weights file too
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise PolicyLoadError(
             f"policy folder {str(folder)!r}: cannot load the model ({first})"

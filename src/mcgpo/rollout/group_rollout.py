@@ -6,7 +6,12 @@ same seed (the same task). Environment ``e = g * N + slot`` plays task ``tasks[g
 rows get ``group = g`` (the position in ``tasks``; a seed listed twice gives two groups),
 ``slot`` and ``traj = e``. Every turn, the prompts of all live environments go through one
 :func:`~mcgpo.rollout.sampler.sample` call; the parsed actions go through one
-``EnvPool.step``.
+``EnvPool.step``. With ``overlap_env`` the environments play in two halves in ping-pong:
+one half's environments step (in a thread) while the other half decodes; each environment
+still sees the same prompts and draws from its own generator, so the rollout is the same,
+token for token (tested). What it saves depends on how decoding and stepping cost scale
+with the number of rows (docs/async.md works it out; ``benchmarks/bench_async.py``
+measures).
 
 Sampling: every environment draws its tokens from its own generator, seeded from
 ``(seed, group_offset + g, slot)`` (:func:`sampling_generators`), and the sampler draws each
@@ -41,8 +46,11 @@ Prompt budget: a prompt longer than ``max_prompt_tokens`` is re-rendered without
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -95,6 +103,7 @@ class CollectOptions:
     step_timeout: float = DEFAULT_STEP_TIMEOUT  # seconds per step in a worker (workers > 0)
     sampler: str = "dynamic"  # "dynamic" (sampler.sample) or "static" (static_decode)
     decode_attention: str = "gqa"  # the static sampler's single-token attention (or "sdpa")
+    overlap_env: bool = False  # two halves in ping-pong: one steps while the other decodes
 
     def __post_init__(self) -> None:
         if self.group_size < 1:
@@ -148,6 +157,7 @@ def collect(
     options: CollectOptions,
     *,
     engine: Any = None,
+    on_turn: Callable[[int, int], None] | None = None,
 ) -> Rollout:
     """Play every task with ``options.group_size`` siblings; return the rows, tokens, stats.
 
@@ -160,6 +170,8 @@ def collect(
         engine: a rollout engine whose ``sample`` method takes the sampler's arguments less
             the model (:class:`~mcgpo.rollout.vllm_engine.VLLMEngine`); it samples instead
             of ``options.sampler``, with the same prompts, budget, stops and generators.
+        on_turn: called before each turn and at the end with (episodes finished, episodes
+            in all): the caller's progress display (nothing here prints).
     """
     if len(tasks) == 0:
         raise ValueError("tasks is empty: give at least one task seed")
@@ -176,18 +188,14 @@ def collect(
         current: list[Observation | None] = list(first)
         task_type = ["" if o is None else o.task_type for o in first]
         trajs = [Trajectory() for _ in range(n_env)]
-        while True:
-            live = [
-                e
-                for e in range(n_env)
-                if current[e] is not None
-                and not trajs[e].done
-                and not pool.errored[e]
-                and len(trajs[e].rows) < limits[e]
-            ]
-            if not live:
-                break
-            _play_turn(sampling, pool, live, current, trajs, task_type, tally)
+        turns = _Turns(sampling, pool, limits, current, trajs, task_type, tally, on_turn)
+        if options.overlap_env and n_env > 1:
+            turns.play_overlapped([range(n_env // 2), range(n_env // 2, n_env)])
+        else:
+            while live := turns.live(range(n_env), report=True):
+                decoded = turns.decode(live)
+                turns.record(decoded, turns.step(decoded))
+        turns.live(range(n_env), report=True)  # the end: every episode finished
     errored = [bool(pool.errored[e]) for e in range(n_env)]
     rollout = assemble(trajs, errored, sampling.pad, tally, start)
     return replace(rollout, errors={int(e): str(m) for e, m in pool.errors.items()})
@@ -240,54 +248,128 @@ def sampling_generators(
     return out
 
 
-def _play_turn(
-    s: _Sampling,
-    pool: Any,
-    live: list[int],
-    current: list[Observation | None],
-    trajs: list[Trajectory],
-    task_type: list[str],
-    tally: Tally,
-) -> None:
-    """One turn of every live environment: one sampler call, one ``EnvPool.step``."""
-    opts, tokenizer = s.options, s.tokenizer
-    prompts = [_prompt_ids(s, current[e], trajs[e].past, tally) for e in live]
-    t0 = time.perf_counter()
-    draw = SAMPLERS[s.options.sampler] if s.engine is None else _engine_sample(s.engine)
-    static = s.engine is None and s.options.sampler == "static"
-    extra = {"decode_attention": opts.decode_attention} if static else {}
-    out = draw(
-        s.model, prompts, temperature=opts.temperature, max_new_tokens=s.budget,
-        eos_token_id=s.eos, pad_token_id=s.pad, stop_strings=s.stops, tokenizer=tokenizer,
-        generator=[s.generators[e] for e in live], **extra,
-    )  # fmt: skip
-    tally.sample_seconds += time.perf_counter() - t0
-    texts = tokenizer.batch_decode(out.response_ids, skip_special_tokens=True)
-    parsed = [parse_action(t, s.fmt) for t in texts]
-    t0 = time.perf_counter()
-    results = pool.step({e: parsed[j][0] for j, e in enumerate(live)})
-    tally.env_seconds += time.perf_counter() - t0
-    for j, e in enumerate(live):
-        ids = out.response_ids[j]
-        tally.generated += len(ids)
-        if (
-            len(ids) == s.budget
-            and ids[-1] not in s.eos
-            and not any(x in texts[j] for x in s.stops)
-        ):
-            tally.truncated += 1
-        if e not in results:  # the environment errored on this step
-            continue
-        obs, res = current[e], results[e]
-        assert obs is not None
-        action, valid = parsed[j]
-        record_turn(trajs[e], obs, res, action, valid, e, opts.group_size, task_type[e])
-        tr = trajs[e]
-        tr.prompts.append(prompts[j])
-        tr.responses.append(ids)
-        tr.log_probs.append(out.log_probs[j])
-        tr.texts.append(texts[j])
-        current[e] = res.observation
+@dataclass
+class _Decoded:
+    """One sampler call's output for the live environments ``live`` of one turn."""
+
+    live: list[int]
+    prompts: list[list[int]]
+    out: Any  # the sampler's result (response_ids, log_probs)
+    texts: list[str]
+    parsed: list[tuple[str, bool]]  # (action, well-formed) per row
+
+
+@dataclass
+class _Turns:
+    """The turns of one collection: decode the live environments' prompts, step their
+    environments, record the rows. Sequentially (decode all, step all), or overlapped
+    (:meth:`play_overlapped`). Each environment's turn reads only its own observation,
+    history and generator, so both orders give the same tokens and episodes."""
+
+    s: _Sampling
+    pool: Any
+    limits: list[int]
+    current: list[Observation | None]
+    trajs: list[Trajectory]
+    task_type: list[str]
+    tally: Tally
+    on_turn: Callable[[int, int], None] | None = None  # (episodes finished, episodes)
+
+    def live(self, envs: Iterable[int], report: bool = False) -> list[int]:
+        """The environments of ``envs`` that play another turn; with ``report``, ``envs``
+        being all of them, ``on_turn`` hears how many have finished."""
+        trajs = self.trajs
+        live = [
+            e
+            for e in envs
+            if self.current[e] is not None
+            and not trajs[e].done
+            and not self.pool.errored[e]
+            and len(trajs[e].rows) < self.limits[e]
+        ]
+        if report and self.on_turn is not None:
+            self.on_turn(len(trajs) - len(live), len(trajs))
+        return live
+
+    def decode(self, live: list[int]) -> _Decoded:
+        """One sampler call for the prompts of ``live``; the parsed actions."""
+        s, opts = self.s, self.s.options
+        prompts = [_prompt_ids(s, self.current[e], self.trajs[e].past, self.tally) for e in live]
+        t0 = time.perf_counter()
+        draw = SAMPLERS[opts.sampler] if s.engine is None else _engine_sample(s.engine)
+        static = s.engine is None and opts.sampler == "static"
+        extra = {"decode_attention": opts.decode_attention} if static else {}
+        out = draw(
+            s.model, prompts, temperature=opts.temperature, max_new_tokens=s.budget,
+            eos_token_id=s.eos, pad_token_id=s.pad, stop_strings=s.stops, tokenizer=s.tokenizer,
+            generator=[s.generators[e] for e in live], **extra,
+        )  # fmt: skip
+        self.tally.sample_seconds += time.perf_counter() - t0
+        texts = s.tokenizer.batch_decode(out.response_ids, skip_special_tokens=True)
+        self.decode_last = _Decoded(
+            live, prompts, out, texts, [parse_action(t, s.fmt) for t in texts]
+        )
+        return self.decode_last
+
+    def step(self, d: _Decoded) -> dict[int, Any]:
+        """One ``EnvPool.step`` of ``d``'s actions (``time/env``)."""
+        t0 = time.perf_counter()
+        results = self.pool.step({e: d.parsed[j][0] for j, e in enumerate(d.live)})
+        self.tally.env_seconds += time.perf_counter() - t0
+        return results
+
+    def record(self, d: _Decoded, results: dict[int, Any]) -> None:
+        """The rows of ``d``'s turn; an environment that errored on the step has none."""
+        s, tally = self.s, self.tally
+        for j, e in enumerate(d.live):
+            ids = d.out.response_ids[j]
+            tally.generated += len(ids)
+            if (
+                len(ids) == s.budget
+                and ids[-1] not in s.eos
+                and not any(x in d.texts[j] for x in s.stops)
+            ):
+                tally.truncated += 1
+            if e not in results:  # the environment errored on this step
+                continue
+            obs, res = self.current[e], results[e]
+            assert obs is not None
+            action, valid = d.parsed[j]
+            tr = self.trajs[e]
+            record_turn(tr, obs, res, action, valid, e, s.options.group_size, self.task_type[e])
+            tr.prompts.append(d.prompts[j])
+            tr.responses.append(ids)
+            tr.log_probs.append(d.out.log_probs[j])
+            tr.texts.append(d.texts[j])
+            self.current[e] = res.observation
+
+    def play_overlapped(self, halves: list[range]) -> None:
+        """Ping-pong of two halves of the environments: half A's environments step (in a
+        thread) while half B decodes, then B's step while A decodes its next turn. A half
+        decodes only after its own last step is recorded. Where the pool allows it
+        (``EnvPool.steps_at_once``: I/O-bound environments) the two halves' steps may also
+        overlap each other; otherwise they take turns on a lock (worker processes).
+        """
+        one_at_a_time = contextlib.nullcontext() if self.pool.steps_at_once else threading.Lock()
+
+        def step(d: _Decoded) -> dict[int, Any]:
+            with one_at_a_time:
+                return self.step(d)
+
+        with ThreadPoolExecutor(len(halves), thread_name_prefix="env-step") as stepper:
+            in_flight: dict[int, tuple[_Decoded, Future]] = {}
+            while True:
+                for h, half in enumerate(halves):
+                    if h in in_flight:  # overlapped with the other half's decode
+                        decoded, future = in_flight.pop(h)
+                        self.record(decoded, future.result())
+                        self.live(range(len(self.trajs)), report=True)
+                    live = self.live(half)
+                    if live:
+                        decoded = self.decode(live)
+                        in_flight[h] = (decoded, stepper.submit(step, decoded))
+                if not in_flight:
+                    return
 
 
 def _engine_sample(engine: Any) -> Callable[..., Any]:

@@ -27,7 +27,7 @@ import numpy as np
 
 from mcgpo.advantages import ESTIMATOR_OPTIONS, ESTIMATORS, estimate
 from mcgpo.advantages.graphgpo import GraphgpoOptions
-from mcgpo.options import Options, option, parse_text
+from mcgpo.options import Options, did_you_mean, option, parse_text
 from mcgpo.preferences import PreferenceOptions, build_preferences
 from mcgpo.shaping import SHAPING_COEF, shape_rewards
 from mcgpo.steps import StepTable
@@ -98,7 +98,8 @@ def resolve_algo(algo: AlgoConfig, group_size: int) -> AlgoConfig:
     """
     if algo.name not in ALGORITHMS:
         known = ", ".join(sorted(ALGORITHMS))
-        raise ConfigError(f"unknown algorithm {algo.name!r}; known: {known}")
+        close = did_you_mean(algo.name, ALGORITHMS)
+        raise ConfigError(f"unknown algorithm {algo.name!r}{close}; known: {known}")
     estimator_cls, pairs_cls = algorithm_options(algo.name)
     for name, table in algo.per_estimator.items():  # every table is checked, one is used
         if name not in ESTIMATOR_OPTIONS:
@@ -149,7 +150,10 @@ def _build(cls: type[Options], given: Mapping[str, Any], flag: str, owner: str) 
     unknown = sorted(set(given) - set(known))
     if unknown:
         names = ", ".join(sorted(known)) or "none"
-        raise ConfigError(f"unknown option {flag}.{unknown[0]} for {owner}; options: {names}")
+        close = did_you_mean(unknown[0], known)
+        raise ConfigError(
+            f"unknown option {flag}.{unknown[0]} for {owner}{close}; options: {names}"
+        )
     try:
         return cls.from_text(given, flag).as_dict()
     except ValueError as err:

@@ -77,11 +77,16 @@ def load_model(
 
 
 def tiny_corpus(cfg: RunConfig, make_env: Callable[[], Any]) -> Iterable[str]:
-    """The tiny tokenizer's corpus: ``cfg.corpus_episodes`` episodes of the run's environment."""
+    """The tiny tokenizer's corpus: ``cfg.corpus_episodes`` episodes of the run's environment,
+    named (its exploration seeded) as the environment itself: for ``remote`` the served one,
+    so a run on a served environment builds the local run's tokenizer and weights."""
     from mcgpo.rollout.corpus import environment_corpus
 
+    name = cfg.env.name
+    if name == "remote":
+        name = str(typed_env_options(cfg).get("remote_name", name))
     return environment_corpus(
-        (cfg.env.name,), episodes=cfg.corpus_episodes, seed=cfg.seed, make=lambda _: make_env()
+        (name,), episodes=cfg.corpus_episodes, seed=cfg.seed, make=lambda _: make_env()
     )
 
 
@@ -119,6 +124,7 @@ def collect_options(
         step_timeout=cfg.env.step_timeout,
         sampler=cfg.rollout.sampler,
         decode_attention=cfg.rollout.decode_attention,
+        overlap_env=cfg.rollout.overlap_env,
     )
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import random
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ __all__ = [
     "Checkpoint",
     "CheckpointError",
     "atomic_write_text",
+    "kept_checkpoints",
     "latest_checkpoint",
     "load_checkpoint",
     "restore_rng",
@@ -103,12 +105,15 @@ def save_checkpoint(
     keep: int = 2,
     optimizer_state: dict[str, Any] | None = None,
     model_state: dict[str, Any] | None = None,
+    extra_files: Callable[[Path], None] | None = None,
 ) -> Path:
     """Write checkpoint ``update`` atomically; returns its folder.
 
     ``optimizer_state``: what to save instead of ``optimizer.state_dict()`` (FSDP2: the
     full state gathered from the ranks' shards, keyed by parameter name); ``model_state``:
-    the weights to save instead of the model's own (FSDP2 without a replica: gathered)."""
+    the weights to save instead of the model's own (FSDP2 without a replica: gathered);
+    ``extra_files``: writes more files into the checkpoint's folder before it is renamed
+    into place (the pending batches of ``train.async_lag``, :mod:`mcgpo.training.pending`)."""
     root = Path(run_folder) / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
     name = f"update-{update:06d}"
@@ -131,6 +136,8 @@ def save_checkpoint(
         "rng": rng_state(),
     }
     torch.save(payload, tmp / "trainer.pt")
+    if extra_files is not None:
+        extra_files(tmp)
     if final.exists():  # the same update saved again (e.g. the final save after a resume)
         shutil.rmtree(final)
     os.replace(tmp, final)
@@ -151,17 +158,32 @@ def latest_checkpoint(run_folder: Path) -> Path | None:
     return path if (path / "trainer.pt").is_file() else None
 
 
+def kept_checkpoints(run_folder: Path) -> list[Path]:
+    """The checkpoints a run folder keeps, newest first, from the one ``latest`` names."""
+    latest = latest_checkpoint(run_folder)
+    if latest is None:
+        return []
+    kept = sorted(p for p in latest.parent.iterdir() if p.name.startswith("update-"))
+    return [p for p in reversed(kept) if p.name <= latest.name and p.is_dir()]
+
+
 def load_checkpoint(path: Path) -> Checkpoint:
-    """Read ``trainer.pt`` of a checkpoint folder (the model is loaded by the caller)."""
+    """Read ``trainer.pt`` of a checkpoint folder (the model is loaded by the caller); a
+    file that cannot be read is a one-line CheckpointError naming it."""
     path = Path(path)
     file = path / "trainer.pt"
     if not file.is_file():
         raise CheckpointError(f"no checkpoint in {str(path)!r} (trainer.pt missing)")
-    payload = torch.load(file, map_location="cpu", weights_only=True)
-    return Checkpoint(
-        path=path,
-        update=int(payload["update"]),
-        task_cursor=int(payload["task_cursor"]),
-        optimizer=payload["optimizer"],
-        rng=payload["rng"],
-    )
+    try:
+        payload = torch.load(file, map_location="cpu", weights_only=True)
+        return Checkpoint(
+            path=path,
+            update=int(payload["update"]),
+            task_cursor=int(payload["task_cursor"]),
+            optimizer=payload["optimizer"],
+            rng=payload["rng"],
+        )
+    except Exception as err:  # torch's errors on a damaged file are many and long
+        raise CheckpointError(
+            f"{str(file)!r} is damaged and cannot be read ({type(err).__name__})"
+        ) from None

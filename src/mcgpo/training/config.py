@@ -141,6 +141,11 @@ class RolloutConfig:
     vllm_sleep: bool = _opt(
         False, "rollout.engine vllm on a GPU: free vLLM's memory during the update (sleep mode)"
     )
+    overlap_env: bool = _opt(
+        False,
+        "environment steps overlapped with decoding: two halves of the rollouts in ping-pong "
+        "(the same tokens and episodes, faster where environments are slow; docs/async.md)",
+    )
 
     def check(self) -> None:
         for name in ("groups", "group_size", "max_new_tokens", "max_prompt_tokens"):
@@ -209,6 +214,11 @@ class TrainConfig:
     logits_chunk: int = _opt(0, "positions per chunk of the LM head (large vocabularies); 0 = all")
     gradient_checkpointing: bool = _opt(False, "recompute activations in backward (large models)")
     save_every: int = _opt(5, "checkpoint every k updates (and at the end); 0 = only at the end")
+    max_failed_updates: int = _opt(
+        3,
+        "stop the run (exit 1, last checkpoint kept for --resume) after this many updates "
+        "in a row whose every trajectory hit an environment error",
+    )
     sharding: str = _opt(
         "ddp",
         "update across processes: ddp (replicated) or fsdp2 (gradients and optimiser state "
@@ -272,9 +282,16 @@ class TrainConfig:
         "step (pairs/grad_ratio, pairs/grad_cos; two extra backward passes) and the pairs' "
         "margin after the update (pairs/margin_after); one process only",
     )
+    async_lag: int = _opt(
+        0,
+        "rollouts sampled ahead of the update: batch v with the weights after update "
+        "max(0, v - 1 - k); 0 = sequential; >= 1 recomputes pi_old and corrects for the "
+        "sampler (docs/async.md)",
+    )
 
     def check(self) -> None:
         _at_least("train.updates", self.updates, 0)
+        _at_least("train.max_failed_updates", self.max_failed_updates, 1)
         _positive("train.lr", self.lr)
         for name in ("weight_decay", "grad_clip", "kl_coef", "entropy_coef"):
             _at_least(f"train.{name}", getattr(self, name), 0.0)
@@ -310,6 +327,13 @@ class TrainConfig:
         cap = self.rollout_correction_cap
         if not 1 < cap < float("inf"):
             raise ConfigError(f"train.rollout_correction_cap must be > 1 and finite, got {cap}")
+        _at_least("train.async_lag", self.async_lag, 0)
+        if self.async_lag and self.old_logprobs == "sampler":
+            raise ConfigError(
+                f"train.async_lag {self.async_lag} needs pi_old from a training forward "
+                f"(train.old_logprobs recompute or auto): the sampler's log-probs are of "
+                f"weights {self.async_lag} update(s) old"
+            )
         if self.rollout_correction in ("tis", "mis") and self.old_logprobs == "sampler":
             raise ConfigError(
                 f"train.rollout_correction {self.rollout_correction} needs pi_old from a "
@@ -339,7 +363,8 @@ class TrainConfig:
         """Whether pi_old comes from a training forward (``old_logprobs``, auto resolved:
         also when a rollout correction is asked for, which compares the two)."""
         if self.old_logprobs == "auto":
-            return self.precision != "fp32" or self.rollout_correction in ("tis", "mis")
+            stale = self.async_lag > 0  # pi_old is the proximal policy, not the sampler's
+            return stale or self.precision != "fp32" or self.rollout_correction in ("tis", "mis")
         return self.old_logprobs == "recompute"
 
     def keep_replica(self, engine: str = "hf") -> bool:
@@ -359,7 +384,8 @@ class TrainConfig:
             return self.rollout_correction
         if self.old_logprobs == "sampler":
             return "none"
-        return "tis" if engine == "vllm" or self.precision != "fp32" else "none"
+        stale = self.async_lag > 0  # the sampler's weights are older than pi_old
+        return "tis" if stale or engine == "vllm" or self.precision != "fp32" else "none"
 
 
 @dataclass(frozen=True)
@@ -418,7 +444,11 @@ class RunConfig:
     seed: int = _opt(0, "seed of everything (tasks, sampling, model init)")
     threads: int = _opt(0, "torch CPU threads; 0 = torch's default")
     deterministic: bool = _opt(False, "torch deterministic algorithms (bit-identical resume)")
-    resume: bool = _opt(False, "continue the run in --out from its latest checkpoint")
+    resume: bool = _opt(
+        False,
+        "continue the run in --out from its latest checkpoint; its config.toml is the base, "
+        "so give only what changes (e.g. --train.updates)",
+    )
     save_rollouts: bool = _opt(False, "save each update's StepTable as Parquet")
     tensorboard: bool = _opt(
         True, "write TensorBoard event files (false: as if report_to left tensorboard out)"
@@ -460,6 +490,13 @@ class RunConfig:
             raise ConfigError(
                 f"train.fsdp_replica false needs rollout.engine vllm: the "
                 f"{self.rollout.engine} sampler generates from the full replica"
+            )
+        if self.train.async_lag and self.rollout.engine != "hf":
+            raise ConfigError(
+                f"train.async_lag {self.train.async_lag} needs rollout.engine hf: the producer "
+                f"samples from its own replica of the policy, and the colocated "
+                f"{self.rollout.engine} engine holds one version of the weights (and sleeps "
+                f"through the update); use --train.async_lag 0"
             )
 
     def trackers(self) -> tuple[str, ...]:

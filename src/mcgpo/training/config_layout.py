@@ -17,11 +17,12 @@ from collections.abc import Mapping
 from dataclasses import fields, is_dataclass
 from typing import Any
 
-from mcgpo.options import parse_scalar
+from mcgpo.options import did_you_mean, parse_scalar
 from mcgpo.training.config import ConfigError, RunConfig
 
 __all__ = [
     "OPTION_FIELDS",
+    "RECORD_TABLES",
     "SECTIONS",
     "coerce",
     "field_type",
@@ -33,6 +34,10 @@ __all__ = [
 
 
 SECTIONS = ("env", "rollout", "algo", "train", "eval", "sft")
+
+# Tables a run's config.toml holds beside the settings, skipped when it is read as a config:
+# ``[code]``, the code that ran (mcgpo.training.run_folder.code_version).
+RECORD_TABLES = ("code",)
 
 
 # Sections whose unknown keys are options of a component (estimator, environment), kept in
@@ -70,6 +75,8 @@ def from_dict(data: Mapping[str, Any], base: RunConfig | None = None, where: str
     sections: dict[str, Any] = {}
     known_top = {f.name: f for f in scalar_fields(RunConfig)}
     for key, value in data.items():
+        if key in RECORD_TABLES:
+            continue
         if key in SECTIONS:
             if not isinstance(value, Mapping):
                 raise ConfigError(f"{prefix}{key} must be a table")
@@ -77,7 +84,7 @@ def from_dict(data: Mapping[str, Any], base: RunConfig | None = None, where: str
         elif key in known_top:
             top[key] = coerce(key, value, field_type(known_top[key]), prefix)
         else:
-            raise ConfigError(f"{prefix}unknown key {key!r}")
+            raise ConfigError(f"{prefix}unknown key {key!r}{did_you_mean(key, known_top)}")
     for name, table in sections.items():
         section = getattr(base, name)
         known = {f.name: f for f in scalar_fields(type(section))}
@@ -98,7 +105,8 @@ def from_dict(data: Mapping[str, Any], base: RunConfig | None = None, where: str
             elif extra_field and not isinstance(value, Mapping):
                 extra[key] = value
             else:
-                raise ConfigError(f"{prefix}unknown key '{name}.{key}'")
+                close = did_you_mean(f"{name}.{key}", [f"{name}.{k}" for k in known])
+                raise ConfigError(f"{prefix}unknown key '{name}.{key}'{close}")
         if extra_field:
             updates[extra_field] = extra
         if name == "algo":

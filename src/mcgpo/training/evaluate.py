@@ -6,14 +6,16 @@ score. Held-out tasks are the first ``eval.tasks`` tasks of ``eval.split``, and 
 seed depends on the run seed only: every evaluation of a run plays the same tasks with the
 same random stream, so curves compare like with like and an evaluation is reproducible.
 
-Episodes that hit an environment error are reported (``errored``) and left out of the
-rates, as they are left out of learning.
+Episodes that hit an environment error are reported (``errored``, counting those whose
+reset failed too) and left out of the rates, as they are left out of learning; ``episodes``
+is every episode played.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 from typing import Any
 
 import numpy as np
@@ -32,7 +34,7 @@ from mcgpo.training.distributed import (
     rank_block,
     union_tables,
 )
-from mcgpo.training.metrics import Table
+from mcgpo.training.metrics import ProgressBar, Table
 from mcgpo.training.setup import RunSetup, prepare
 
 __all__ = ["episode_summary", "evaluate", "run_eval"]
@@ -70,14 +72,17 @@ def episode_summary(table: StepTable, prefix: str) -> dict[str, float]:
     return out
 
 
-def evaluate(setup: RunSetup, world: World = SINGLE, *, engine: Any = None) -> dict[str, float]:
+def evaluate(
+    setup: RunSetup, world: World = SINGLE, *, engine: Any = None, show: bool = False
+) -> dict[str, float]:
     """One episode per held-out task at ``eval.temperature`` with the policy of ``setup`` (as
     it is now); returns ``eval/*`` metrics (empty when ``eval.tasks`` is 0). ``engine``: a
     rollout engine that holds the policy's weights samples instead of mcgpo's sampler (a
     training run whose policy is sharded, ``train.fsdp_replica false``).
 
     With W > 1 processes each rank plays a contiguous block of the held-out tasks; the
-    StepTables are gathered and every rank returns the metrics of their union."""
+    StepTables are gathered and every rank returns the metrics of their union. ``show``: a
+    progress bar over the episodes on stderr (this rank's)."""
     cfg = setup.cfg
     if cfg.eval.tasks == 0:
         return {}
@@ -93,13 +98,27 @@ def evaluate(setup: RunSetup, world: World = SINGLE, *, engine: Any = None) -> d
     tasks = list(block)
     # each episode's sampling stream follows its global index, whichever rank plays it
     options = dataclasses.replace(options, group_offset=block.start)
-    table = None
+    table, errored = None, 0
+    bar = ProgressBar(len(tasks), enabled=show, desc="eval", unit="episode", leave=False)
     if tasks:  # a rank can have no task when there are fewer tasks than ranks
-        table = collect(
-            setup.model, setup.tokenizer, setup.make_env, tasks, options, engine=engine
-        ).table
-    tables = [t for t in gather_objects(table, world) if t is not None]
-    return episode_summary(union_tables(tables, group_size=1), "eval")
+        rollout = collect(
+            setup.model,
+            setup.tokenizer,
+            setup.make_env,
+            tasks,
+            options,
+            engine=engine,
+            on_turn=bar.reach,
+        )
+        table, errored = rollout.table, int(rollout.stats["errored_trajectories"])
+    bar.close()
+    parts = gather_objects((table, errored), world)
+    tables = [t for t, _ in parts if t is not None]
+    stats = episode_summary(union_tables(tables, group_size=1), "eval")
+    # an episode whose reset failed has no row: count it from the rollouts
+    stats["eval/episodes"] = float(cfg.eval.tasks)
+    stats["eval/errored"] = float(sum(n for _, n in parts))
+    return stats
 
 
 def run_eval(cfg: RunConfig, command: str = "") -> Table:
@@ -109,7 +128,22 @@ def run_eval(cfg: RunConfig, command: str = "") -> Table:
     tasks (:func:`evaluate`); the result is the single process's, and rank 0 writes it."""
     with joined_world(cfg, kind="eval") as (cfg, world):
         setup = prepare(cfg, command, kind="eval", world=world)
-        stats = evaluate(setup, world)
+        if world.main:  # checked and loaded: say what comes
+            print(
+                f"[eval] {cfg.model} on {cfg.env.name}: {cfg.eval.tasks} held-out tasks of "
+                f"{cfg.eval.split} at T={cfg.eval.temperature}, {cfg.device}; eval.json -> "
+                f"{cfg.out}",
+                file=sys.stderr,
+                flush=True,
+            )
+        stats = evaluate(setup, world, show=cfg.progress and world.main)
+        if world.main and stats.get("eval/errored"):
+            print(
+                f"mcgpo eval: warning: {stats['eval/errored']:.0f} of "
+                f"{stats['eval/episodes']:.0f} episodes hit an environment error (left out "
+                "of the rates)",
+                file=sys.stderr,
+            )
         if world.main:
             text = json.dumps({"command": command, "processes": world.size, **stats}, indent=2)
             atomic_write_text(setup.folder / "eval.json", text + "\n")

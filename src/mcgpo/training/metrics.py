@@ -138,6 +138,7 @@ class ProgressBar:
         enabled: bool = True,
         desc: str = "train",
         unit: str = "update",
+        leave: bool = True,
     ):
         from tqdm import tqdm
 
@@ -147,6 +148,7 @@ class ProgressBar:
             desc=desc,
             unit=unit,
             disable=not enabled,
+            leave=leave,
             file=sys.stderr,
             dynamic_ncols=True,
         )
@@ -159,6 +161,12 @@ class ProgressBar:
 
     def advance(self) -> None:
         self._bar.update(1)
+
+    def reach(self, done: int, total: int | None = None) -> None:
+        """Show ``done`` of ``total`` (a callback of ``collect(on_turn=...)``)."""
+        if total is not None and self._bar.total != total:
+            self._bar.total = total
+        self._bar.update(done - self._bar.n)
 
     def close(self) -> None:
         self._bar.close()
@@ -217,11 +225,27 @@ def _fmt(name: str, value: float) -> str:
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
-    """The records of a ``metrics.jsonl`` (an empty list if it does not exist)."""
+    """The records of a ``metrics.jsonl`` (an empty list if it does not exist); a line that
+    is not a JSON record is a one-line ConfigError naming the file and the line."""
+    from mcgpo.training.config import ConfigError
+
     path = Path(path)
     if not path.is_file():
         return []
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
+    records = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ConfigError(f"{path} line {number}: not a JSON record ({err.msg})") from None
+        if not isinstance(record, dict):
+            raise ConfigError(
+                f"{path} line {number}: not a JSON record (a {type(record).__name__})"
+            )
+        records.append(record)
+    return records
 
 
 def _plain(value: Any) -> Any:

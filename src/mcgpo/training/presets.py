@@ -24,7 +24,14 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-__all__ = ["available_presets", "load_preset", "parse_toml", "preset_command", "to_toml"]
+__all__ = [
+    "available_presets",
+    "comment_text",
+    "load_preset",
+    "parse_toml",
+    "preset_command",
+    "to_toml",
+]
 
 
 def available_presets() -> list[str]:
@@ -41,8 +48,12 @@ def _preset_text(name: str) -> tuple[str, str]:
         return path.read_text(encoding="utf-8"), str(path)
     resource = resources.files("mcgpo") / "presets" / f"{name}.toml"
     if not resource.is_file():
-        known = ", ".join(available_presets())
-        raise ConfigError(f"unknown preset {name!r}; known: {known}")
+        from mcgpo.options import did_you_mean
+
+        names = available_presets()
+        raise ConfigError(
+            f"unknown preset {name!r}{did_you_mean(name, names)}; known: {', '.join(names)}"
+        )
     return resource.read_text(encoding="utf-8"), f"preset {name}"
 
 
@@ -86,7 +97,7 @@ def to_toml(cfg: RunConfig, command: str = "") -> str:
         for part in path:
             table = table.setdefault(part, {})
         table[name] = value
-    lines = [f"# {_comment_text(command)}" if command else "# resolved mcgpo config"]
+    lines = [f"# {comment_text(command)}" if command else "# resolved mcgpo config"]
     if unset:
         lines.append(f"# left at their default of none: {', '.join(unset)}")
     try:
@@ -96,7 +107,7 @@ def to_toml(cfg: RunConfig, command: str = "") -> str:
     return "\n".join(lines) + "\n" + body
 
 
-def _comment_text(text: str) -> str:
+def comment_text(text: str) -> str:
     """``text`` with the characters a TOML comment may not hold (line breaks, other control
     characters but tab) written as Python escapes."""
     return "".join(

@@ -40,8 +40,9 @@ from mcgpo.training.build import (
     wrap_lora,
 )
 from mcgpo.training.checkpoint import (
-    atomic_write_text,
-    latest_checkpoint,
+    Checkpoint,
+    CheckpointError,
+    kept_checkpoints,
     load_checkpoint,
     restore_rng,
 )
@@ -57,8 +58,9 @@ from mcgpo.training.distributed import (
 )
 from mcgpo.training.engine import check_engine_installed, rollout_engine
 from mcgpo.training.metrics import MetricSinks, SilentSinks
+from mcgpo.training.pending import Batch, read_pending
 from mcgpo.training.presets import load_preset
-from mcgpo.training.run_folder import check_run_folder, writable_folder
+from mcgpo.training.run_folder import check_run_folder, writable_folder, write_run_config
 from mcgpo.training.runtime import apply_runtime, check_device
 from mcgpo.training.tracking import check_trackers_installed
 
@@ -93,6 +95,8 @@ class Run(RunSetup):
     updates_done: int  # updates completed
     task_cursor: int  # number of the next training task
     world: World = SINGLE  # this process's rank and the world size
+    # what setup has to say (a damaged checkpoint passed over); the loop prints it
+    notes: tuple[str, ...] = ()
     # what the update runs: ``model``; when W > 1 its DDP wrapper, or (train.sharding fsdp2)
     # a sharded copy whose steps ``model`` follows (a full replica for generation and saving),
     # or (train.fsdp_replica false) ``model`` itself sharded in place, which then only the
@@ -100,6 +104,10 @@ class Run(RunSetup):
     learner: Any = None
     # rollout.engine vllm: the colocated engine serving ``model`` (None: mcgpo's samplers)
     engine: Any = None
+    # train.async_lag >= 1: batches sampled ahead, restored from the checkpoint resumed
+    # (mcgpo.training.pending), and the producer the loop starts (mcgpo.training.pipeline)
+    pending: list[Any] = dataclasses.field(default_factory=list)
+    rollouts: Any = None
 
     def __post_init__(self) -> None:
         if self.learner is None:
@@ -114,8 +122,6 @@ def prepare(cfg: RunConfig, command: str = "", *, kind: str, world: World = SING
     folder (created, checked writable), ``config.toml`` (train and sft), runtime, policy.
     With several processes (``world``) every rank checks the folder before rank 0 writes.
     """
-    from mcgpo.training.presets import to_toml
-
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {', '.join(KINDS)}; got {kind!r}")
     check_device(cfg)
@@ -129,7 +135,7 @@ def prepare(cfg: RunConfig, command: str = "", *, kind: str, world: World = SING
     folder = writable_folder(cfg.out)
     barrier(world)  # every rank has checked the folder before rank 0 writes into it
     if kind != "eval" and world.main:
-        atomic_write_text(folder / "config.toml", to_toml(cfg, command))
+        write_run_config(folder, cfg, command)
     apply_runtime(cfg)
     model, tokenizer = load_model(cfg, make_env=make_env)
     return RunSetup(
@@ -176,13 +182,10 @@ def setup_run(cfg: RunConfig, command: str = "", world: World = SINGLE) -> Run:
         ref_model = copy.deepcopy(model).eval().requires_grad_(False)
         ref_model = distributed_reference(ref_model, cfg.train.sharding, world)  # FSDP2
     updates_done, cursor = 0, cfg.seed * 1_000_000
-    checkpoint = latest_checkpoint(setup.folder) if cfg.resume else None
-    state = load_checkpoint(checkpoint) if checkpoint is not None else None
-    if state is not None and lora:  # the checkpoint holds the adapters only
-        _load_adapters(model, state.model_path)
-        updates_done, cursor = state.update, state.task_cursor
-    elif state is not None:
-        model, _ = load_model(cfg, state.model_path)
+    state, notes, pending = None, [], []
+    if cfg.resume:
+        lora_model = model if lora else None  # LoRA: the checkpoint holds the adapters only
+        state, model, pending, notes = _usable_checkpoint(cfg, setup.folder, world, lora_model)
         updates_done, cursor = state.update, state.task_cursor
     if cfg.train.gradient_checkpointing:
         model.gradient_checkpointing_enable()
@@ -219,6 +222,8 @@ def setup_run(cfg: RunConfig, command: str = "", world: World = SINGLE) -> Run:
         world=world,
         learner=learner,
         engine=engine,
+        notes=tuple(notes),
+        pending=pending,
     )
 
 
@@ -251,6 +256,32 @@ def _load_adapters(model: Any, path: Path) -> None:
         load_adapter_state(model, path)
     except LoraError as err:
         raise ConfigError(f"resume: {err}") from None
+
+
+def _usable_checkpoint(
+    cfg: RunConfig, folder: Path, world: World, lora_model: Any = None
+) -> tuple[Checkpoint, Any, list[Batch], list[str]]:
+    """The newest kept checkpoint that loads (its trainer state, model and this rank's
+    pending batches), and a note for each newer one passed over as damaged; a ConfigError
+    naming them if none loads. ``lora_model``: the run's LoRA policy, whose adapters are
+    set from the checkpoint (its model folder holds them only) and which is returned."""
+    notes: list[str] = []
+    for path in kept_checkpoints(folder):
+        try:
+            state = load_checkpoint(path)
+            if lora_model is not None:
+                _load_adapters(lora_model, state.model_path)
+                model = lora_model
+            else:
+                model, _ = load_model(cfg, state.model_path)
+            pending = read_pending(state.path, cfg.train.async_lag, world.rank, world.size)
+        except (CheckpointError, ConfigError) as err:
+            notes.append(str(err))
+            continue
+        if notes:
+            notes.append(f"resuming from the previous kept checkpoint, {path.name}")
+        return state, model, pending, notes
+    raise ConfigError(f"--resume: no usable checkpoint in {str(folder)!r}: " + "; ".join(notes))
 
 
 def _check_compilable(cfg: RunConfig, model: Any) -> None:

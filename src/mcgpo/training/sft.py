@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 import random
+import sys
 import time
 from typing import Any
 
@@ -163,10 +164,18 @@ def _run_sft(cfg: RunConfig, command: str, world: World) -> Table:
     sinks = MetricSinks(folder, report_to=()) if world.main else SilentSinks()
 
     def evaluate_now(step: int) -> dict[str, float]:
-        stats = evaluate(setup, world)
+        stats = evaluate(setup, world, show=cfg.progress and world.main)
         sinks.write(step, stats)
         return stats
 
+    if world.main:  # checked and loaded: say what comes
+        print(
+            f"[sft] warm start of {cfg.model} on {cfg.env.name}: {cfg.sft.demos} expert "
+            f"episodes, {cfg.sft.epochs} epochs, eval on {cfg.eval.tasks} held-out tasks before "
+            f"and after; run folder {folder}",
+            file=sys.stderr,
+            flush=True,
+        )
     before = evaluate_now(0)
     clock = time.perf_counter()
     demos = expert_demonstrations(setup.make_env, setup.tokenizer, cfg, setup.response_format)

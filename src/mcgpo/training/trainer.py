@@ -12,7 +12,10 @@ One update (reference/algorithms.md 1.4):
    ``rollout.temperature`` with the sampler's log-probs kept as pi_old (``rollout.engine``
    vllm: a colocated vLLM engine samples, and gets the new weights after step 3);
 2. drop the trajectories that hit an environment error (kept in the logs and the saved
-   rollouts, excluded from learning), then advantages and, for MCGPO, preference pairs;
+   rollouts, excluded from learning), then advantages and, for MCGPO, preference pairs; an
+   update whose every trajectory errored is a warning line naming the first error, and
+   ``train.max_failed_updates`` of them in a row stop the run (:class:`TrainingStopped`; the
+   last checkpoint, never one of those updates, is where ``--resume`` goes on);
 3. the PPO update, with the pair loss inside the same micro-batch passes;
 4. log to ``metrics.jsonl``/TensorBoard, optionally save the StepTable as Parquet;
 5. every ``eval.every`` updates: greedy-ish (T=0.4) episodes on held-out tasks; every
@@ -25,17 +28,16 @@ episodes, and saving first gathers the weights to rank 0 (a collective of every 
 
 from __future__ import annotations
 
-import dataclasses
+import sys
 import time
 from typing import Any
 
 import numpy as np
+from tqdm import tqdm
 
 from mcgpo.policy.loading import holds_shards
-from mcgpo.policy.precision import compute
-from mcgpo.rollout.group_rollout import Rollout, collect
+from mcgpo.rollout.group_rollout import Rollout
 from mcgpo.training.algorithms import Credit, assign_credit
-from mcgpo.training.build import collect_options, rollout_seed
 from mcgpo.training.checkpoint import save_checkpoint
 from mcgpo.training.config import RunConfig
 from mcgpo.training.distributed import (
@@ -45,28 +47,54 @@ from mcgpo.training.distributed import (
     gather_objects,
     joined_world,
     merge_metrics,
-    rank_block,
     whole_batch_algo,
 )
 from mcgpo.training.evaluate import evaluate
-from mcgpo.training.metrics import PeakMemory, ProgressBar, Table, read_metrics
+from mcgpo.training.metrics import ProgressBar, Table, read_metrics
+from mcgpo.training.pipeline import collect_batch, start_pipeline
 from mcgpo.training.setup import Run, setup_run
+from mcgpo.training.start_lines import cpu_size_note, train_start_line
 from mcgpo.training.update import PairBatch, update_policy
 
-__all__ = ["train"]
+__all__ = ["TrainingStopped", "train"]
+
+
+class TrainingStopped(RuntimeError):
+    """The run stopped before its last update (one line: why, and how to go on)."""
 
 
 def train(cfg: RunConfig, command: str = "") -> Table:
     """Run (or resume) training as configured; return the before/after evaluation table.
+
+    The Python form of ``mcgpo train`` (``mcgpo.train``), with the same config objects::
+
+        cfg = mcgpo.load_config("household-smoke", **{"out": "runs/a", "train.lr": 1e-3})
+        print(mcgpo.train(cfg).render())
+        # go on to 4 updates: the run folder's config.toml as the preset
+        mcgpo.train(mcgpo.load_config("runs/a/config.toml", resume=True, **{"train.updates": 4}))
+
+    Everything the run writes is in ``cfg.out`` (``metrics.jsonl``, checkpoints, ``model/``,
+    ``config.toml``); ``command`` is recorded as its first line. A bad setting, model folder
+    or run folder raises :class:`~mcgpo.training.config.ConfigError` (one line) before any
+    model work.
 
     Under torchrun (W > 1 processes) each rank plays its block of whole groups and the
     update is DDP (:mod:`mcgpo.training.distributed`); rank 0 writes every file.
     """
     with joined_world(cfg) as (cfg, world):
         run = setup_run(cfg, command, world)
+        if world.main:  # the run is checked and built: say what comes
+            warnings = (f"[train] warning: {note}" for note in run.notes)
+            _say(
+                train_start_line(run.cfg, run.updates_done),
+                *warnings,
+                cpu_size_note(run.cfg, run.updates_done),
+            )
         try:
             return _train(run)
         finally:
+            if run.rollouts is not None:
+                run.rollouts.close()
             if run.engine is not None:
                 run.engine.close()
 
@@ -74,8 +102,12 @@ def train(cfg: RunConfig, command: str = "") -> Table:
 def _train(run: Run) -> Table:
     cfg, world = run.cfg, run.world
     if run.updates_done == 0:
+        if world.main and cfg.eval.tasks:
+            _say(f"[train] evaluating the policy before training ({cfg.eval.tasks} tasks)")
         _evaluate(run)  # the "before" column of the final table
     bar = ProgressBar(cfg.train.updates, run.updates_done, enabled=cfg.progress and world.main)
+    run.rollouts = start_pipeline(run)  # train.async_lag >= 1: batches sampled ahead
+    failed_in_a_row, saved_at = 0, run.updates_done  # saved_at: the last checkpoint's update
     while run.updates_done < cfg.train.updates:
         update = run.updates_done + 1
         clock = time.perf_counter()
@@ -109,6 +141,8 @@ def _train(run: Run) -> Table:
         )
         t_update = time.perf_counter() - clock
         run.updates_done = update
+        if run.rollouts is not None:  # the producer may sample with theta_update from now on
+            run.rollouts.publish()
         times = {"time/rollout": t_rollout, "time/credit": t_credit, "time/update": t_update}
         if run.engine is not None:  # the engine serves the new weights from the next rollout
             times["time/weight_sync"] = run.engine.update_weights(run.model)
@@ -121,13 +155,20 @@ def _train(run: Run) -> Table:
         if cfg.save_rollouts:
             _save_rollouts(run, update, rollout, credit)
         bar.show(success=metrics["rollout/success_rate"])
+        failed = _learned_nothing(run, update, rollout, metrics)  # a warning line if so
+        failed_in_a_row = failed_in_a_row + 1 if failed else 0
+        if failed_in_a_row >= cfg.train.max_failed_updates:
+            bar.close()
+            run.sinks.close()
+            raise TrainingStopped(_stop_message(failed_in_a_row, update, saved_at, rollout))
 
         # 5. Evaluate and checkpoint (always after the last update).
         last = update == cfg.train.updates
         if last or (cfg.eval.every and update % cfg.eval.every == 0):
             bar.show(eval=_evaluate(run).get("eval/success", float("nan")))
-        if last or (cfg.train.save_every and update % cfg.train.save_every == 0):
-            _checkpoint(run)
+        if not failed and (last or (cfg.train.save_every and update % cfg.train.save_every == 0)):
+            _checkpoint(run)  # never an update that learned nothing: --resume plays it again
+            saved_at = update
         bar.advance()
     bar.close()
     weights = full_model_state(run.model)  # sharded in place: gathered to rank 0
@@ -138,27 +179,64 @@ def _train(run: Run) -> Table:
     return _summary(run)
 
 
+def _say(*lines: str | None) -> None:
+    """Print the lines that are not None on stderr (the run's own messages)."""
+    for line in lines:
+        if line is not None:
+            print(line, file=sys.stderr, flush=True)
+
+
 def _collect(run: Run, update: int) -> tuple[Rollout, dict[str, float]]:
     """This rank's block of the next G training tasks, N rollouts each, and the peak memory
-    of the collection; the task cursor moves on by G."""
-    cfg, world = run.cfg, run.world
-    block = rank_block(cfg.rollout.groups, world)
-    tasks = [run.task_cursor + g for g in block]
-    options = collect_options(
-        cfg,
-        run.response_format,
-        split=cfg.env.train_split,
-        temperature=cfg.rollout.temperature,
-        group_size=cfg.rollout.group_size,
-        seed=rollout_seed(cfg.seed, update),
+    of the collection; the task cursor moves on by G. With ``train.async_lag`` >= 1 the
+    batch comes from the producer (:mod:`mcgpo.training.pipeline`)."""
+    if run.rollouts is not None:
+        return run.rollouts.take(update)
+    rollout, stats = collect_batch(run, run.model, update, run.task_cursor)
+    run.task_cursor += run.cfg.rollout.groups
+    return rollout, stats
+
+
+def _warn(run: Run, text: str) -> None:
+    """One warning line on the console (rank 0), above the progress bar."""
+    if run.world.main:
+        tqdm.write(f"mcgpo train: warning: {text}", file=sys.stderr)
+
+
+def _first_error(rollout: Rollout) -> str:
+    """The environment error of the rollout's first errored trajectory, cut to a line."""
+    if not rollout.errors:
+        return "unknown"
+    text = " ".join(rollout.errors[min(rollout.errors)].split())
+    return text if len(text) <= 300 else text[:300] + "..."
+
+
+def _learned_nothing(run: Run, update: int, rollout: Rollout, metrics: dict[str, float]) -> bool:
+    """True when every trajectory of the update (all ranks) hit an environment error; then
+    a warning line names the first error."""
+    total = metrics.get("rollout/trajectories", 0.0)
+    if not total or metrics.get("rollout/errored_trajectories", 0.0) < total:
+        return False
+    _warn(
+        run,
+        f"update {update}: all {total:.0f} trajectories hit an environment error, nothing "
+        f"was learned; first: {_first_error(rollout)}",
     )
-    # the sampling streams follow the global group index: rank-independent rollouts
-    options = dataclasses.replace(options, group_offset=block.start)
-    memory = PeakMemory.start(cfg.device, "rollout")
-    with compute(cfg.train.precision, cfg.device):  # the sampler in the update's precision
-        rollout = collect(run.model, run.tokenizer, run.make_env, tasks, options, engine=run.engine)
-    run.task_cursor += cfg.rollout.groups
-    return rollout, memory.stop()
+    return True
+
+
+def _stop_message(failed: int, update: int, saved_at: int, rollout: Rollout) -> str:
+    where = (
+        f"the last checkpoint is update {saved_at}: rerun with --resume once the environment "
+        "is back"
+        if saved_at
+        else "no checkpoint yet: start the run again once the environment is back"
+    )
+    return (
+        f"updates {update - failed + 1}-{update}: every trajectory hit an environment error "
+        f"({failed} updates in a row, train.max_failed_updates); first: "
+        f"{_first_error(rollout)}; {where}"
+    )
 
 
 def _update_metrics(
@@ -183,7 +261,14 @@ def _evaluate(run: Run) -> dict[str, float]:
     clock = time.perf_counter()
     # a policy sharded in place cannot generate: the engine, which holds its weights, plays
     engine = run.engine if holds_shards(run.model) else None
-    stats = evaluate(run, run.world, engine=engine)
+    stats = evaluate(run, run.world, engine=engine, show=run.cfg.progress and run.world.main)
+    if stats.get("eval/errored"):
+        _warn(
+            run,
+            f"evaluation at update {run.updates_done}: {stats['eval/errored']:.0f} of "
+            f"{stats['eval/episodes']:.0f} episodes hit an environment error (left out of "
+            "the rates)",
+        )
     stats["time/eval"] = time.perf_counter() - clock
     run.sinks.write(run.updates_done, stats)
     return stats
@@ -194,14 +279,19 @@ def _checkpoint(run: Run) -> None:
     state; FSDP2: every rank first joins the gather of the sharded optimiser state); the
     others wait, so no rank runs ahead of a checkpoint that is being written."""
     optimizer_state = full_optimizer_state(run.learner, run.optimizer)
+    # train.async_lag >= 1: the batches sampled ahead (every rank's, gathered)
+    files = run.rollouts.checkpoint_files() if run.rollouts is not None else None
     weights = full_model_state(run.model)  # sharded in place: gathered to rank 0
     if run.world.main:
-        _write_checkpoint(run, optimizer_state, weights)
+        _write_checkpoint(run, optimizer_state, weights, files)
     barrier(run.world)
 
 
 def _write_checkpoint(
-    run: Run, optimizer_state: dict[str, Any], weights: dict[str, Any] | None
+    run: Run,
+    optimizer_state: dict[str, Any],
+    weights: dict[str, Any] | None,
+    files: Any = None,
 ) -> None:
     save_checkpoint(
         run.folder,
@@ -212,6 +302,7 @@ def _write_checkpoint(
         task_cursor=run.task_cursor,
         optimizer_state=optimizer_state,
         model_state=weights,
+        extra_files=files,
     )
 
 

@@ -85,11 +85,14 @@ _lock = threading.Lock()
 
 
 def _token(token_file: str | None) -> str:
-    if token_file:
-        from mcgpo.envs.serving.security import read_token
+    from mcgpo.envs.serving.security import check_token, read_token
 
+    if token_file:
         return read_token(str(token_file))
-    return os.environ.get(TOKEN_ENV, "")
+    token = os.environ.get(TOKEN_ENV, "")
+    if token:
+        check_token(token, f"${TOKEN_ENV}")
+    return token
 
 
 def _client(url: str, token: str, connect_timeout: float) -> httpx.Client:

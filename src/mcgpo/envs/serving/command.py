@@ -2,7 +2,8 @@
 
     mcgpo env serve --env webshop [--host 127.0.0.1] [--port 8765] [--token-file F]
         [--max-sessions 256] [--sessions-per-worker 1] [--step-timeout 60]
-        [--idle-timeout 600] [--max-body-bytes 1048576] [--env.<option> VALUE ...]
+        [--idle-timeout 600] [--max-body-bytes 1048576] [--drain-seconds 3]
+        [--env.<option> VALUE ...]
 
 ``--env.<option> VALUE`` are the environment's constructor options, read as TOML scalars
 (``12`` an integer, ``true`` a boolean), as ``mcgpo train`` reads them. The server prints one
@@ -18,7 +19,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from mcgpo.envs.serving.security import check_bind, read_token
+from mcgpo.envs.serving.security import check_bind, read_token, token_file_warning
 from mcgpo.options import parse_scalar
 
 __all__ = ["main"]
@@ -83,6 +84,13 @@ def _parser() -> argparse.ArgumentParser:
         default=1 << 20,
         help="largest request body (default: %(default)s)",
     )
+    parser.add_argument(
+        "--drain-seconds",
+        type=float,
+        default=3.0,
+        help="after SIGTERM, seconds /health answers 503 draining before the server stops "
+        "(default: %(default)s)",
+    )
     parser.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"])  # fmt: skip
     return parser
 
@@ -121,12 +129,17 @@ def main(argv: Sequence[str]) -> int:
         for name in ("step_timeout", "idle_timeout"):
             if not 0 < getattr(args, name) < float("inf"):
                 raise ValueError(f"--{name.replace('_', '-')} must be a number > 0")
+        if not 0 <= args.drain_seconds < float("inf"):
+            raise ValueError("--drain-seconds must be a number >= 0")
         if not 0 <= args.port < 65536:
             raise ValueError(f"--port must be in 0..65535, got {args.port}")
         token = read_token(args.token_file) if args.token_file else None
         check_bind(args.host, token)
     except ValueError as err:
         return _fail(str(err))
+    warning = token_file_warning(args.token_file) if args.token_file else None
+    if warning is not None:
+        print(f"mcgpo env serve: warning: {warning}", file=sys.stderr)
     try:
         from mcgpo.envs.serving.launch import serve
     except ImportError as err:
@@ -143,5 +156,6 @@ def main(argv: Sequence[str]) -> int:
         idle_timeout=args.idle_timeout,
         max_body=args.max_body_bytes,
         log_level=args.log_level,
+        drain_seconds=args.drain_seconds,
         announce=lambda url: print(f"serving {args.env} on {url}", flush=True),
     )

@@ -14,7 +14,13 @@ from typing import Any
 import uvicorn
 
 from mcgpo.envs.serving.security import check_bind
-from mcgpo.envs.serving.server import DEFAULT_MAX_BODY, Server, build_app
+from mcgpo.envs.serving.server import (
+    DEFAULT_MAX_BODY,
+    DRAIN_SECONDS,
+    JsonH11Protocol,
+    Server,
+    build_app,
+)
 from mcgpo.envs.serving.sessions import SessionTable
 from mcgpo.envs.workers import EnvSpec, WorkerError
 
@@ -53,19 +59,21 @@ def _server(
     log_level: str,
     on_started: Callable[[str], None] | None,
     reap_every: float | None = None,
+    drain_seconds: float = DRAIN_SECONDS,
 ) -> Server:
-    app = build_app(table, token=token, max_body=max_body, reap_every=reap_every)
+    app = build_app(table, token=token, max_body=max_body, reap_every=reap_every, host=host)
     config = uvicorn.Config(
         app,
         host=host,
         port=port,
+        http=JsonH11Protocol,  # JSON error bodies even for requests h11 cannot parse
         log_level=log_level,
         access_log=False,
         lifespan="on",
         timeout_graceful_shutdown=int(table.step_timeout) + 5,  # in-flight steps finish
         timeout_keep_alive=60,
     )
-    return Server(config, table, on_started)
+    return Server(config, table, on_started, drain_seconds)
 
 
 def serve(
@@ -83,6 +91,7 @@ def serve(
     log_level: str = "warning",
     announce: Callable[[str], None] | None = None,
     factory: Callable[[], Any] | None = None,
+    drain_seconds: float = DRAIN_SECONDS,
 ) -> int:
     """Serve ``make_env(env_name, **options)`` (or a picklable ``factory``'s environments,
     under the name ``env_name``) until SIGTERM / SIGINT; the exit code (2 when the bind is
@@ -107,7 +116,9 @@ def serve(
         sock.close()
         print(f"mcgpo env serve: error: {err}", file=sys.stderr)
         return 2
-    server = _server(table, host, port, token, max_body, log_level, announce)
+    server = _server(
+        table, host, port, token, max_body, log_level, announce, drain_seconds=drain_seconds
+    )
     try:
         server.run(sockets=[sock])
     finally:

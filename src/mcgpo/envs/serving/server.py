@@ -14,9 +14,16 @@ or crashes ends its session: 500 ``env_error``, 504 ``env_timeout``, 502 ``env_c
 
 Security: the server binds 127.0.0.1 unless told otherwise, and will not bind any other
 address without a shared-secret token, which every request but ``/health`` must then carry in
-the ``X-MCGPO-Token`` header (compared in constant time). Bodies are JSON only. On SIGTERM
-(or SIGINT) it opens no more sessions, lets the requests in flight finish, then stops its
-workers.
+the ``X-MCGPO-Token`` header (compared in constant time). Without a token (loopback) a web
+page the user visits must not reach it: a request whose ``Origin`` is not on loopback, or
+whose ``Host`` is not a loopback name or the bound address (DNS rebinding), is refused (403
+``forbidden_origin`` / ``forbidden_host``). A POST body must be ``application/json`` (415
+otherwise: a browser cannot send that cross-origin without asking first), nested at most
+:data:`~mcgpo.envs.serving.wire.MAX_DEPTH` levels. On SIGTERM (or SIGINT) it opens no more
+sessions and ``/health`` answers ``503 draining`` for ``drain_seconds`` (default
+:data:`DRAIN_SECONDS`) while it still listens, then it lets the requests in flight finish
+and stops its workers (a second signal stops it at once). A request the HTTP parser refuses
+(headers over uvicorn's limit, a malformed request line) still gets a JSON error body.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -34,23 +42,26 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
+from uvicorn.protocols.http.h11_impl import DEFAULT_MAX_INCOMPLETE_EVENT_SIZE, H11Protocol
 
-from mcgpo.envs.serving.security import same_token
+from mcgpo.envs.serving.security import allowed_host, allowed_origin, same_token
 from mcgpo.envs.serving.sessions import EnvFailure, SessionTable
 from mcgpo.envs.serving.wire import (
     PROTOCOL,
     TOKEN_HEADER,
     WireError,
     check_body,
+    clipped,
     error_body,
     json_bytes,
     observation_json,
     step_result_json,
 )
 
-__all__ = ["DEFAULT_MAX_BODY", "Server", "build_app"]
+__all__ = ["DEFAULT_MAX_BODY", "DRAIN_SECONDS", "JsonH11Protocol", "Server", "build_app"]
 
 DEFAULT_MAX_BODY = 1 << 20  # bytes of a request body (an action is a line of text)
+DRAIN_SECONDS = 3.0  # after SIGTERM: seconds /health says "draining" before the server stops
 _OPEN = {"session": ("string", False), "env": ("string", False), "options": ("object", False)}
 _RESET = {"seed": ("integer", True), "split": ("string", False)}
 _STEP = {"action": ("string", True)}
@@ -86,9 +97,11 @@ def build_app(
     token: str | None = None,
     max_body: int = DEFAULT_MAX_BODY,
     reap_every: float | None = None,
+    host: str = "127.0.0.1",
 ) -> Starlette:
-    """The ASGI app serving ``table`` (already started); see the module docstring."""
-    service = _Service(table, token, max_body, reap_every)
+    """The ASGI app serving ``table`` (already started) on the bound address ``host``; see
+    the module docstring."""
+    service = _Service(table, token, max_body, reap_every, host)
     return Starlette(
         routes=service.routes(),
         exception_handlers={HTTPException: _http_error, Exception: _internal},
@@ -101,10 +114,16 @@ class _Service:
     calls run in, the token and the body limit."""
 
     def __init__(
-        self, table: SessionTable, token: str | None, max_body: int, reap_every: float | None
+        self,
+        table: SessionTable,
+        token: str | None,
+        max_body: int,
+        reap_every: float | None,
+        host: str,
     ) -> None:
         self.table = table
         self.token = token
+        self.host = host
         self.max_body = max_body
         self.reap_every = reap_every
         self.threads = ThreadPoolExecutor(table.max_sessions + 4, thread_name_prefix="mcgpo-serve")
@@ -137,10 +156,21 @@ class _Service:
         return await asyncio.get_running_loop().run_in_executor(self.threads, fn, *args)
 
     def authorised(self, request: Request) -> None:
-        if self.token is None:
+        if self.token is None:  # loopback, no token: only this machine's own clients
+            self.same_machine(request)
             return
         if not same_token(request.headers.get(TOKEN_HEADER, ""), self.token):
             raise WireError(401, "unauthorized", f"missing or wrong {TOKEN_HEADER} header")
+
+    def same_machine(self, request: Request) -> None:
+        """WireError 403 for a request a web page could have sent: an ``Origin`` not on
+        loopback, a ``Host`` that is neither a loopback name nor the bound address."""
+        origin = request.headers.get("origin")
+        if origin is not None and not allowed_origin(origin):
+            raise WireError(403, "forbidden_origin", f"requests from origin {origin!r} are refused")
+        host = request.headers.get("host")
+        if host is not None and not allowed_host(host, self.host):
+            raise WireError(403, "forbidden_host", f"Host {host!r} is not this server's")
 
     def guarded(
         self, handler: Callable[[Request], Awaitable[Response]], *, open_: bool = False
@@ -151,6 +181,10 @@ class _Service:
             try:
                 if not open_:
                     self.authorised(request)
+                elif self.token is None:
+                    self.same_machine(request)
+                if request.method == "POST":
+                    _json_only(request)
                 return await handler(request)
             except WireError as err:
                 return _error(err.status, err.code, err.message)
@@ -225,15 +259,26 @@ class _Service:
         return _json({"closed": sid})
 
 
+def _json_only(request: Request) -> None:
+    """WireError 415 unless the request says its body is JSON."""
+    kind = request.headers.get("content-type", "")
+    if kind.split(";")[0].strip().lower() != "application/json":
+        raise WireError(
+            415,
+            "unsupported_media_type",
+            f"the body must be Content-Type: application/json, got {kind or 'none'!r}",
+        )
+
+
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-    message = f"{request.method} {request.url.path}: {exc.detail}"
+    message = clipped(f"{request.method} {request.url.path}: {exc.detail}")
     return _error(exc.status_code, code, message)
 
 
 async def _internal(request: Request, exc: Exception) -> Response:
-    return _error(500, "internal", f"{type(exc).__name__}: {exc}")
+    return _error(500, "internal", clipped(f"{type(exc).__name__}: {exc}"))
 
 
 def _same_options(given: Mapping[str, Any], served: Mapping[str, Any]) -> None:
@@ -269,18 +314,21 @@ async def _reap(table: SessionTable, blocking: Any, every: float | None) -> None
 
 
 class Server(uvicorn.Server):
-    """uvicorn's server, draining the session table on SIGTERM / SIGINT before it stops;
-    ``on_started(url)`` is called once it listens."""
+    """uvicorn's server, draining the session table on SIGTERM / SIGINT for
+    ``drain_seconds`` before it stops; ``on_started(url)`` is called once it listens."""
 
     def __init__(
         self,
         config: uvicorn.Config,
         table: SessionTable,
         on_started: Callable[[str], None] | None = None,
+        drain_seconds: float = DRAIN_SECONDS,
     ) -> None:
         super().__init__(config)
         self.table = table
         self.on_started = on_started
+        self.drain_seconds = float(drain_seconds)
+        self.drain_until: float | None = None
 
     async def startup(self, sockets: Any = None) -> None:
         await super().startup(sockets)
@@ -288,10 +336,45 @@ class Server(uvicorn.Server):
             self.on_started(self.url())
 
     def handle_exit(self, sig: int, frame: Any) -> None:
+        """The first signal drains: no new session, ``/health`` says so for
+        ``drain_seconds`` while the server still listens, then it stops (:meth:`on_tick`);
+        a second signal stops it now."""
+        if self.table.draining:
+            super().handle_exit(sig, frame)
+            return
         self.table.drain()
-        super().handle_exit(sig, frame)
+        self._captured_signals.append(sig)  # uvicorn raises it again once stopped
+        self.drain_until = time.monotonic() + self.drain_seconds
+
+    async def on_tick(self, counter: int) -> bool:
+        if self.drain_until is not None and time.monotonic() >= self.drain_until:
+            self.should_exit = True
+        return await super().on_tick(counter)
 
     def url(self) -> str:
         """``http://HOST:PORT`` with the port actually bound (port 0 picks one)."""
         host, port = self.servers[0].sockets[0].getsockname()[:2]
         return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+class JsonH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol, whose answer to a request it cannot parse is a JSON error
+    body: ``431 headers_too_large`` for headers over its limit, else ``400 bad_http``."""
+
+    def send_400_response(self, msg: str) -> None:
+        import h11
+
+        limit = self.config.h11_max_incomplete_event_size or DEFAULT_MAX_INCOMPLETE_EVENT_SIZE
+        if len(self.conn.trailing_data[0]) > limit:
+            status, code = 431, "headers_too_large"
+            msg = f"the request headers pass {limit} bytes"
+        else:
+            status, code = 400, "bad_http"
+        headers = [(b"content-type", b"application/json"), (b"connection", b"close")]
+        for event in (
+            h11.Response(status_code=status, headers=headers),
+            h11.Data(data=json_bytes(error_body(code, msg))),
+            h11.EndOfMessage(),
+        ):
+            self.transport.write(self.conn.send(event))
+        self.transport.close()

@@ -13,7 +13,24 @@ At most ``max_sessions`` sessions are open at once; a session left idle for
 ``idle_timeout`` seconds (a client that vanished) is closed by :meth:`SessionTable.reap`.
 Worker processes are kept when their sessions close and reused by the next sessions, so a
 process start is paid once per slot, not per episode. After :meth:`drain` (the server got
-SIGTERM) no session is opened; the open ones go on until the server stops.
+SIGTERM) no session is opened; the open ones go on until the server stops. A worker process
+whose sessions have all closed is stopped after ``idle_timeout`` seconds unused (the first
+one is kept), so an idle server shrinks back.
+
+**One lock discipline.** A session's environment is used by exactly the session that opened
+it: whether a session is open, busy (a request holds it) or ended is decided and changed only
+under the table's lock, in the same hold as the check it depends on. A request *claims* its
+session (open, not busy: then busy) before it touches the environment and checks again, under
+the worker's lock, that nothing ended it meanwhile; :meth:`close` and :meth:`reap` end only a
+session that is open and not busy at that moment (a lookup made before the lock is checked
+again under it). A slot is given back to the free list only once no request holds its
+session: by the ender when the session was idle, else by the request when it lets go. Locks
+are taken in one order, a worker's lock before the table's, never the other way.
+
+A reset that the environment refuses with a ``ValueError`` (an unknown split, a bad seed: its
+caller's mistake) is answered ``400 bad_reset`` and the session stays open: reset it again.
+Every stored or echoed text (why a session ended, an environment's message) is cut to
+:data:`~mcgpo.envs.serving.wire.MAX_MESSAGE` characters.
 
 Every method here blocks (worker round trips): the server calls them from threads. Calls
 on different worker processes run in parallel; calls on sessions of the same worker take
@@ -31,12 +48,12 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from mcgpo.envs.protocol import Observation, StepResult
-from mcgpo.envs.serving.wire import WireError
-from mcgpo.envs.workers import WorkerError, WorkerSet
+from mcgpo.envs.serving.wire import WireError, clipped
+from mcgpo.envs.workers import BadInput, WorkerError, WorkerSet
 
 __all__ = ["EnvFailure", "Session", "SessionTable"]
 
-_SESSION_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+_SESSION_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")  # fullmatch: no trailing newline
 
 
 class EnvFailure(RuntimeError):
@@ -48,7 +65,7 @@ class EnvFailure(RuntimeError):
     STATUS: ClassVar[dict[str, int]] = {"error": 500, "crash": 502, "timeout": 504}
 
     def __init__(self, kind: str, message: str) -> None:
-        super().__init__(message)
+        super().__init__(clipped(message))
         self.kind = kind
         self.status = self.STATUS[kind]
         self.code = f"env_{kind}"
@@ -72,7 +89,8 @@ class _Group:
     workers: WorkerSet
     free: list[int]
     lock: threading.Lock = field(default_factory=threading.Lock)
-    sessions: dict[int, Session] = field(default_factory=dict)  # slot -> open session
+    sessions: dict[int, Session] = field(default_factory=dict)  # slot -> session holding it
+    idle_since: float = field(default_factory=time.monotonic)  # when its last session left
 
 
 @dataclass(eq=False)
@@ -153,7 +171,7 @@ class SessionTable:
 
         WireError 400 for a malformed id, 409 for an id already used by an ended session,
         503 when the server is full or draining."""
-        if session_id is not None and not _SESSION_ID.match(session_id):
+        if session_id is not None and not _SESSION_ID.fullmatch(session_id):
             raise WireError(
                 400, "bad_request", "field 'session': 1 to 64 letters, digits, '-' or '_'"
             )
@@ -220,55 +238,102 @@ class SessionTable:
         return _Group(workers, list(range(n - 1, -1, -1)))
 
     def get(self, sid: str) -> Session:
-        """The open session ``sid``; WireError 404 (unknown) or 410 (ended)."""
+        """The open session ``sid``; WireError 404 (unknown) or 410 (ended).
+
+        A lookup only: what it returns may be ended by the time the caller acts on it, so
+        every act checks again under the lock (:meth:`_check_open`)."""
         with self._lock:
             session = self._sessions.get(sid)
             if session is not None and session.slot >= 0:
                 return session
-        if sid in self.ended:
-            raise WireError(410, "session_ended", f"session {sid} ended: {self.ended[sid]}")
+            why = self.ended.get(sid)
+        if why is not None:
+            raise WireError(410, "session_ended", f"session {sid} ended: {why}")
         raise WireError(404, "unknown_session", f"no session {sid!r} on this server")
 
     def close(self, sid: str, why: str = "closed by the client") -> None:
-        """End a session and free its slot; WireError 404/410 for an unknown or ended one."""
+        """End a session and free its slot; WireError 404/410 for an unknown or ended one,
+        409 while a request holds it."""
         session = self.get(sid)
-        if session.busy:
-            raise WireError(409, "session_busy", f"session {sid} is answering another request")
-        self._end(session, why)
+        with self._lock:  # checked and ended in one hold of the lock
+            self._check_open(session)
+            if session.busy:
+                raise WireError(409, "session_busy", f"session {sid} is answering another request")
+            self._unlist(session, why)
+        self._free(session)
 
     def reap(self) -> list[str]:
-        """Close the sessions idle for more than ``idle_timeout`` seconds; their ids."""
+        """Close the sessions idle for more than ``idle_timeout`` seconds, and stop the worker
+        processes left without a session that long (all but one); the sessions' ids."""
         now = time.monotonic()
+        cutoff = now - self.idle_timeout
         with self._lock:
             idle = [
                 s
                 for s in self._sessions.values()
-                if s.slot >= 0 and not s.busy and now - s.last_used > self.idle_timeout
+                if s.slot >= 0 and not s.busy and s.last_used < cutoff
             ]
-        for session in idle:
-            self._end(session, f"idle for more than {self.idle_timeout:g} s")
-        return [s.id for s in idle]
+        why = f"idle for more than {self.idle_timeout:g} s"
+        reaped = [s.id for s in idle if self._end(s, why, idle_before=cutoff)]
+        with self._lock:
+            unused = [
+                g
+                for g in self._groups
+                if not g.sessions
+                and len(g.free) == len(g.workers.max_turns)
+                and g.idle_since < cutoff
+            ][: max(0, len(self._groups) - 1)]  # one worker is kept warm
+            for group in unused:
+                self._groups.remove(group)
+        for group in unused:
+            group.workers.close()
+        return reaped
 
-    def _end(self, session: Session, why: str) -> None:
-        group = session.group
+    def _check_open(self, session: Session) -> None:
+        """Under the lock: WireError 410 unless ``session`` is still the open one of its id."""
+        if self._sessions.get(session.id) is not session:
+            why = self.ended.get(session.id, "closed")
+            raise WireError(410, "session_ended", f"session {session.id} ended: {why}")
+
+    def _unlist(self, session: Session, why: str) -> None:
+        """Under the lock: ``session`` is ended (no request can claim it from now on)."""
+        del self._sessions[session.id]
+        self.ended[session.id] = clipped(why)
+        while len(self.ended) > 4 * self.max_sessions:  # remember the recent ones
+            del self.ended[next(iter(self.ended))]
+
+    def _end(self, session: Session, why: str, *, idle_before: float | None = None) -> bool:
+        """End ``session`` if it is still open (and, with ``idle_before``, still idle since
+        then and not held); True when it was ended here. Its slot is freed now when no request
+        holds the session, else by that request's :meth:`_release`."""
         with self._lock:
             if self._sessions.get(session.id) is not session:
-                return
-            del self._sessions[session.id]
-            self.ended[session.id] = why
-            while len(self.ended) > 4 * self.max_sessions:  # remember the recent ones
-                del self.ended[next(iter(self.ended))]
-            group.sessions.pop(session.slot, None)
+                return False
+            if idle_before is not None and (session.busy or session.last_used >= idle_before):
+                return False  # a request used it since it was found idle
+            self._unlist(session, why)
+            held = session.busy
+        if not held:
+            self._free(session)
+        return True
+
+    def _free(self, session: Session) -> None:
+        """Give an ended session's slot back (or retire its worker if it cannot be restarted)."""
+        group = session.group
         with group.lock:
             group.workers.forget(session.slot)
         retire = False
         with self._lock:
+            if group.sessions.get(session.slot) is session:
+                del group.sessions[session.slot]
             if group.workers.broken(session.slot) is not None:  # its slots are unusable
                 if group in self._groups:
                     self._groups.remove(group)
                 retire = not group.sessions
             elif group in self._groups:
                 group.free.append(session.slot)
+                if not group.sessions:
+                    group.idle_since = time.monotonic()
             self._lock.notify_all()
         if retire:
             group.workers.close()
@@ -300,13 +365,11 @@ class SessionTable:
         finally:
             self._release(session)
 
-    def _release(self, session: Session) -> None:
-        session.last_used = time.monotonic()
-        session.busy = False
-
     def _claim(self, sid: str, need: str | None = None) -> Session:
+        """The session ``sid``, now held by this request (busy); WireError 404/409/410."""
         session = self.get(sid)
-        with self._lock:
+        with self._lock:  # the lookup is checked again: it may have ended since
+            self._check_open(session)
             if session.busy:
                 raise WireError(409, "session_busy", f"session {sid} is answering another request")
             if need == "live" and session.state != "live":
@@ -315,25 +378,45 @@ class SessionTable:
             session.busy = True
         return session
 
+    def _release(self, session: Session) -> None:
+        """This request lets go of ``session``; frees its slot if it was ended meanwhile."""
+        with self._lock:
+            session.last_used = time.monotonic()
+            session.busy = False
+            ended = self._sessions.get(session.id) is not session
+        if ended:
+            self._free(session)
+
     def _call(self, session: Session, job: tuple, kind: type) -> Any:
-        """Run one job in the session's worker; EnvFailure (session ended) if it fails."""
+        """Run one job in the session's worker; EnvFailure (session ended) if it fails,
+        WireError 400 (session kept) for a reset the environment refused as bad input."""
         group = session.group
+        lost_here: list[Session] = []
         with group.lock:
+            with self._lock:  # ended while this request waited for the worker (a restart)?
+                self._check_open(session)
             try:
                 ok, value = group.workers.run({session.slot: job})[session.slot]
             except WorkerError as err:  # the workers were closed under us (shutdown)
                 ok, value = False, f"its worker could not be restarted: {err}"
-            lost = dict(group.workers.lost)
+            with self._lock:  # sessions a restart could not rebuild end before anyone waits
+                for slot, message in group.workers.lost.items():
+                    other = group.sessions.get(slot)
+                    if other is not None and self._sessions.get(other.id) is other:
+                        self._unlist(other, f"lost in a worker restart: {message}")
+                        if not other.busy:  # else its request frees it when it lets go
+                            lost_here.append(other)
+        for other in lost_here:
+            self._free(other)
         if ok and not isinstance(value, kind):
             ok = False
             value = f"TypeError: {job[0]} returned {type(value).__name__}, not {kind.__name__}"
-        for slot, message in lost.items():  # other sessions a restart could not rebuild
-            other = group.sessions.get(slot)
-            if other is not None:
-                self._end(other, f"lost in a worker restart: {message}")
+        if not ok and job[0] == "reset" and isinstance(value, BadInput):
+            session.state = "new"  # the worker and its environment go on: reset again
+            raise WireError(400, "bad_reset", clipped(f"reset: {value}"))
         if not ok:
             phase = f"{job[0]} turn {session.turns + 1}" if job[0] == "step" else job[0]
-            message = f"{phase}: {value}"
+            message = clipped(f"{phase}: {value}")
             self._end(session, message)
             raise EnvFailure(failure_kind(str(value)), message)
         return value

@@ -22,10 +22,13 @@ from typing import Any
 from mcgpo.envs.protocol import Context, Observation, StepResult
 
 __all__ = [
+    "MAX_DEPTH",
+    "MAX_MESSAGE",
     "PROTOCOL",
     "TOKEN_HEADER",
     "WireError",
     "check_body",
+    "clipped",
     "error_body",
     "json_bytes",
     "observation_from_json",
@@ -37,12 +40,23 @@ __all__ = [
 PROTOCOL = 1  # bumped when a body changes shape; /health and /v1/spec report it
 TOKEN_HEADER = "X-MCGPO-Token"  # the shared secret, when the server has one
 _CONTEXT_FIELDS = ("anchor", "state", "state_coarse", "progress", "enabled")
+MAX_MESSAGE = 500  # characters of a message the server stores or echoes (longer ones are cut)
+MAX_DEPTH = 32  # levels of nesting a request body may have
+_TOO_DEEP = f"the body nests deeper than {MAX_DEPTH} levels"
+
+
+def clipped(text: str, limit: int = MAX_MESSAGE) -> str:
+    """``text``, cut to ``limit`` characters (saying how long it was) when it is longer."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text)} characters)"
 
 
 class WireError(ValueError):
     """A request the server refuses: HTTP ``status``, a ``code`` and a one-line message."""
 
     def __init__(self, status: int, code: str, message: str) -> None:
+        message = clipped(message)  # it may echo what a client sent
         super().__init__(message)
         self.status = status
         self.code = code
@@ -179,7 +193,8 @@ def check_body(raw: bytes, fields: Mapping[str, tuple[str, bool]]) -> dict[str, 
 
     WireError 400 for bytes that are not JSON (``bad_json``), a body that is not an object,
     a missing or unknown field, or a value of the wrong type (``bad_request``), each naming
-    what is wrong. An empty body is an empty object.
+    what is wrong, and for JSON nested deeper than :data:`MAX_DEPTH` (``bad_json``). An empty
+    body is an empty object.
     """
     if not raw.strip():
         body: Any = {}
@@ -188,6 +203,10 @@ def check_body(raw: bytes, fields: Mapping[str, tuple[str, bool]]) -> dict[str, 
             body = json.loads(raw)
         except (ValueError, UnicodeDecodeError) as err:
             raise WireError(400, "bad_json", f"the body is not valid JSON: {err}") from None
+        except RecursionError:  # deeper than the parser's own limit
+            raise WireError(400, "bad_json", _TOO_DEEP) from None
+        if _depth(body) > MAX_DEPTH:
+            raise WireError(400, "bad_json", _TOO_DEEP)
     if not isinstance(body, dict):
         raise WireError(400, "bad_request", f"the body must be a JSON object, got {_kind(body)}")
     unknown = sorted(set(body) - set(fields))
@@ -213,3 +232,18 @@ def check_body(raw: bytes, fields: Mapping[str, tuple[str, bool]]) -> dict[str, 
     if isinstance(seed, int) and not -(2**63) <= seed < 2**63:
         raise WireError(400, "bad_request", "field 'seed': out of the 64-bit integer range")
     return body
+
+
+def _depth(value: Any) -> int:
+    """Levels of nesting of a parsed JSON value (a scalar is 0), counted without recursion;
+    stops counting past :data:`MAX_DEPTH`."""
+    deepest, todo = 0, [(value, 0)]
+    while todo:
+        item, level = todo.pop()
+        if isinstance(item, (dict, list)):
+            level += 1
+            deepest = max(deepest, level)
+            if level > MAX_DEPTH:
+                return level
+            todo.extend((v, level) for v in (item.values() if isinstance(item, dict) else item))
+    return deepest

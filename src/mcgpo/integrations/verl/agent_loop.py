@@ -52,7 +52,13 @@ The loop returns one :class:`AgentLoopOutput` per environment step; its ``extra_
 hold that step's StepTable fields (:data:`mcgpo.integrations.verl.batch.STEP_FIELDS`),
 with ``success`` and ``score`` the trajectory's, set when it ends. The final output's
 ``reward_score`` is the trajectory's return (verl copies it to the other outputs; mcgpo's
-estimators read the per-step ``reward`` field instead).
+estimators read the per-step ``reward`` field instead), its ``reward_extra_info`` the
+episode's outcome for validation's ``eval/*`` (:func:`~mcgpo.integrations.verl.validation.
+episode_info`), and an errored trajectory's last output carries the error (``env_error``).
+
+**Trainers.** The loop refuses to be built under any verl trainer but the plugin's own
+(:func:`~mcgpo.integrations.verl.config.check_trainer`): under verl's own trainers it is
+the plugin's first code to run.
 """
 
 from __future__ import annotations
@@ -78,7 +84,8 @@ from verl.experimental.agent_loop.agent_loop import (
 from mcgpo.envs.pool import EnvPool
 from mcgpo.envs.protocol import Observation
 from mcgpo.envs.workers import EnvSpec
-from mcgpo.integrations.verl.config import plugin_config
+from mcgpo.integrations.verl.config import check_trainer, plugin_config
+from mcgpo.integrations.verl.validation import episode_info
 from mcgpo.rollout.parsing import parse_action
 from mcgpo.rollout.prompts import default_response_format, prompt_ids, stop_strings
 from mcgpo.training.config import ConfigError, EnvConfig
@@ -124,6 +131,7 @@ _TIMEOUT = re.compile(_PHASE + r"(?:timed out after |EnvStepTimeout: )")
 _CRASH = re.compile(_PHASE + r"(?:worker died \(|EnvCrashed: |EnvServerLost: )")
 REMOTE_ENV = "remote"  # the served-environment client's name (mcgpo.envs.BUILT_IN)
 
+_ERROR_CHARS = 500  # of an error message kept on the trajectory's last output (env_error)
 _ENV_THREADS = 64  # threads that wait on environment calls, per agent-loop worker process
 _executor: ThreadPoolExecutor | None = None
 # mcgpo.envs.ENVIRONMENTS reads its plugin table lazily and is not thread-safe: a lookup
@@ -262,6 +270,11 @@ class McgpoEnvAgentLoop(AgentLoopBase):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        try:  # under verl's own trainers the plugin's first code to run is here
+            check_trainer(self.config)
+        except ConfigError as err:
+            logger.error("%s: %s", AGENT_LOOP_NAME, err)
+            raise
         self.mcgpo = plugin_config(self.config)
         fmt = self.mcgpo.rollout.response_format
         self.response_format = default_response_format(self.tokenizer) if fmt == "auto" else fmt
@@ -337,17 +350,25 @@ class McgpoEnvAgentLoop(AgentLoopBase):
             return self._no_output(pool, traj, f"first step of task {split}/{seed}")
         errored = bool(pool.errored[0])
         success = 1.0 if info.get("won", False) and not errored else 0.0
+        score = float(info.get("score", 0.0))
         for out in outputs:
             out.extra_fields.update(
-                success=success, score=float(info.get("score", 0.0)), errored=errored,
+                success=success, score=score, errored=errored, env_error="",
                 **dict.fromkeys(FAILURE_FIELDS.values(), 0),
             )  # fmt: skip
             out.extra_fields["reward_extra_info"] = {}
         last = outputs[-1].extra_fields
+        # the episode's outcome for validation's eval/* (validation.py)
+        last["reward_extra_info"] = episode_info(
+            success=success, score=score, errored=errored, turns=len(outputs),
+            valid_turns=sum(bool(o.extra_fields["action_valid"]) for o in outputs),
+            task_type=str(first.task_type or ""),
+        )  # fmt: skip
         if errored:
             message = pool.errors.get(0, "")
             logger.warning("%s: trajectory %s errored: %s", AGENT_LOOP_NAME, traj, message)
             last[FAILURE_FIELDS[failure_kind(message)]] += 1
+            last["env_error"] = message[:_ERROR_CHARS]
         for kind, count in list(_unreported.items()):  # failures of sessions without output
             last[FAILURE_FIELDS[kind]] += count
             del _unreported[kind]

@@ -44,7 +44,9 @@ __all__ = [
     "batch_credit",
     "credit_fields",
     "failure_counts",
+    "first_error",
     "layout_partner",
+    "mini_batch_learned_rows",
     "step_table",
     "take",
 ]
@@ -73,6 +75,17 @@ def failure_counts(batch: Any, padding: Sequence[bool] | None = None) -> dict[st
         name: sum(int(f.get(name, 0) or 0) for f, p in zip(fields, pad, strict=True) if not p)
         for name in FAILURE_COUNTS
     }
+
+
+def first_error(batch: Any, padding: Sequence[bool] | None = None) -> str:
+    """The first environment error message (``env_error``) over a batch's non-padding rows,
+    "" if none."""
+    fields = _extra_fields(batch)
+    pad = [False] * len(fields) if padding is None else list(padding)
+    for f, p in zip(fields, pad, strict=True):
+        if not p and f.get("env_error"):
+            return str(f["env_error"])
+    return ""
 
 
 def step_table(batch: Any, rows: Sequence[int] | None = None) -> StepTable:
@@ -155,6 +168,21 @@ def credit_fields(result: BatchCredit, response_mask: torch.Tensor) -> dict[str,
         "mcgpo_sign": torch.as_tensor(result.sign),
         "mcgpo_weight": torch.as_tensor(result.weight),
     }
+
+
+def mini_batch_learned_rows(learn: np.ndarray, dp_size: int, rows_per_rank: int) -> np.ndarray:
+    """Per row, the learned rows (not errored, not padding) of its mini-batch over all ranks.
+
+    verl gives rank ``d`` rows ``[d*S, (d+1)*S)`` (``S = B / dp_size``) and each rank cuts
+    its rows into mini-batches of ``rows_per_rank`` in order, so mini-batch ``j`` is local
+    chunk ``j`` of every rank. This is the row count mcgpo's own trainer normalises the pair
+    loss by (``|B_b| / |mini-batch|``: its mini-batches hold no padding or errored rows).
+    """
+    learn = np.asarray(learn, dtype=bool)
+    size = len(learn) // dp_size
+    chunk = (np.arange(len(learn)) % size) // rows_per_rank
+    counts = np.bincount(chunk, weights=learn.astype(np.float64), minlength=int(chunk.max()) + 1)
+    return counts[chunk].astype(np.int64)
 
 
 def layout_partner(result: BatchCredit, algo: AlgoConfig, group_size: int) -> np.ndarray:

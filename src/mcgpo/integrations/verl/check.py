@@ -8,9 +8,12 @@
 takes the arguments of ``python -m verl.trainer.main_ppo``, composes the config as
 ``main_ppo`` does (Hydra, verl's ``ppo_trainer`` on the search path), runs verl's own
 ``validate_config`` with ``need_reference_policy`` / ``need_critic`` as ``main_ppo`` passes
-them, then the plugin's checks (:func:`~mcgpo.integrations.verl.config.plugin_config`,
-:func:`~mcgpo.integrations.verl.config.check_verl_config`). It prints one line: what will
-run, or what is wrong (exit 2). No worker, model or dataset is loaded.
+them, then the plugin's checks (:func:`~mcgpo.integrations.verl.config.check_trainer`,
+:func:`~mcgpo.integrations.verl.config.plugin_config`,
+:func:`~mcgpo.integrations.verl.config.check_verl_config`,
+:func:`~mcgpo.integrations.verl.config.check_env`: one environment is built with
+``mcgpo.env``'s options, so run the check where the run's environment data is). It prints
+one line: what will run, or what is wrong (exit 2). No worker, model or dataset is loaded.
 """
 
 from __future__ import annotations
@@ -22,7 +25,13 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
-from mcgpo.integrations.verl.config import check_verl_config, plugin_config, rollout_correction
+from mcgpo.integrations.verl.config import (
+    check_env,
+    check_trainer,
+    check_verl_config,
+    plugin_config,
+    rollout_correction,
+)
 from mcgpo.training.config import ConfigError
 
 __all__ = ["check_config", "compose_config", "main"]
@@ -48,17 +57,14 @@ def check_config(config: Any) -> str:
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import validate_config
 
-    if config.trainer.get("use_v1", False) is not True:
-        raise ConfigError("trainer.use_v1: the mcgpo trainer is a v1 trainer; set it to true")
-    mode = config.trainer.get("v1", {}).get("trainer_mode", None)
-    if mode != "mcgpo":
-        raise ConfigError(f"trainer.v1.trainer_mode: {mode!r}, not 'mcgpo': the plugin is not used")
+    check_trainer(config)  # verl's own and experimental trainers, async modes
     run = plugin_config(config)  # the agent loop and trainer read it first
     check_verl_config(config, run)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # need_critic warns that the critic is off
         critic, ref = need_critic(config), need_reference_policy(config)
     validate_config(config=config, use_reference_policy=ref, use_critic=critic)
+    check_env(run)  # builds one environment with mcgpo.env's options
     arr, n = config.actor_rollout_ref, int(config.actor_rollout_ref.rollout.n)
     gpus = int(config.trainer.n_gpus_per_node) * int(config.trainer.nnodes)
     lam = f" lambda_pair={run.algo.lambda_pair:g}" if run.algo.name == "mcgpo" else ""

@@ -6,11 +6,15 @@ options live in their own block, in the TOML layout of mcgpo's run configs
 
     mcgpo:
       env: {name: alfworld, max_turns: 50, train_split: train, <env options>...}
-      rollout: {history: 2, response_format: auto, max_prompt_tokens: 2048}
+      rollout: {history: 2, response_format: auto}   # the rest is verl's (ROLLOUT_KEYS_IN_VERL)
       algo: {name: mcgpo, lambda_pair: 10.0, <estimator options>..., pairs: {...}}
+      train: {max_failed_updates: 3}   # the only train key (max_failed_updates())
 
 Everything is checked by mcgpo's own options classes (:func:`resolve_algo`), with the group
-size N taken from verl's ``actor_rollout_ref.rollout.n``; an unknown key is a ConfigError.
+size N taken from verl's ``actor_rollout_ref.rollout.n``; an unknown key is a ConfigError,
+and so is a ``mcgpo.rollout`` key that verl governs (:data:`ROLLOUT_KEYS_IN_VERL`, the
+message naming verl's key). :func:`check_trainer` refuses every verl trainer and mode but
+the plugin's own; :func:`check_env` builds one environment with ``mcgpo.env``'s options.
 
 :func:`check_verl_config` refuses the verl settings the plugin would silently ignore or
 break (a critic, a KL penalty in the reward, an advantage estimator other than mcgpo's, the
@@ -40,18 +44,40 @@ from collections.abc import Mapping
 from typing import Any
 
 from mcgpo.training.algorithms import ALGORITHMS, resolve_algo
+from mcgpo.training.build import env_factory
 from mcgpo.training.config import ConfigError, RunConfig
 from mcgpo.training.config_layout import from_dict
 
 __all__ = [
     "PLUGIN_SECTIONS",
+    "ROLLOUT_KEYS_IN_VERL",
     "RolloutCorrection",
+    "check_env",
+    "check_trainer",
     "check_verl_config",
+    "max_failed_updates",
     "plugin_config",
     "rollout_correction",
 ]
 
-PLUGIN_SECTIONS = ("env", "rollout", "algo")
+PLUGIN_SECTIONS = ("env", "rollout", "algo")  # and train, for max_failed_updates only
+MAX_FAILED_UPDATES = RunConfig().train.max_failed_updates  # mcgpo's own default, defined once
+# mcgpo.rollout keys the plugin reads (the agent loop); every other one is verl's to set
+ROLLOUT_KEYS_USED = ("history", "response_format")
+# mcgpo.rollout's other keys: the verl key that governs each (refused, naming it)
+ROLLOUT_KEYS_IN_VERL: dict[str, str] = {
+    "groups": "data.train_batch_size",
+    "group_size": "actor_rollout_ref.rollout.n",
+    "temperature": "actor_rollout_ref.rollout.temperature",
+    "max_new_tokens": "data.max_response_length (and actor_rollout_ref.rollout.response_length)",
+    "max_prompt_tokens": "data.max_prompt_length (and actor_rollout_ref.rollout.prompt_length)",
+    "sampler": "actor_rollout_ref.rollout.name",
+    "decode_attention": "actor_rollout_ref.rollout.name",
+    "engine": "actor_rollout_ref.rollout.name",
+    "vllm_gpu_memory_utilization": "actor_rollout_ref.rollout.gpu_memory_utilization",
+    "vllm_dtype": "actor_rollout_ref.rollout.dtype",
+    "vllm_sleep": "actor_rollout_ref.rollout.free_cache_engine",
+}
 
 
 def _plain(block: Any) -> dict[str, Any]:
@@ -67,14 +93,42 @@ def _plain(block: Any) -> dict[str, Any]:
     return {k: _plain(v) if isinstance(v, Mapping) else v for k, v in block.items()}
 
 
+def max_failed_updates(verl_config: Any) -> int:
+    """``mcgpo.train.max_failed_updates``: updates in a row whose every trajectory errored
+    after which the ``mcgpo`` trainer stops the run (0: never), default
+    :data:`MAX_FAILED_UPDATES` as mcgpo's own ``train.max_failed_updates``. The only
+    ``mcgpo.train`` key: verl's actor config governs the rest of training."""
+    block = _plain(verl_config.get("mcgpo", None) or {}).get("train") or {}
+    if not isinstance(block, Mapping):
+        raise ConfigError("mcgpo.train: must be a mapping")
+    for key in block:
+        if key != "max_failed_updates":
+            raise ConfigError(
+                f"mcgpo.train.{key}: verl's actor config (actor_rollout_ref.actor.*) governs "
+                "training; the plugin reads only mcgpo.train.max_failed_updates"
+            )
+    value = block.get("max_failed_updates", MAX_FAILED_UPDATES)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"mcgpo.train.max_failed_updates: {value!r}, want an integer >= 0")
+    return value
+
+
 def plugin_config(verl_config: Any) -> RunConfig:
     """The mcgpo run config of a verl config: its ``mcgpo`` block, algo options resolved."""
     block = _plain(verl_config.get("mcgpo", None) or {})
+    max_failed_updates(verl_config)  # mcgpo.train: checked there, not a RunConfig section
+    block.pop("train", None)
     unknown = sorted(set(block) - set(PLUGIN_SECTIONS))
     if unknown:
         raise ConfigError(
             f"mcgpo.{unknown[0]}: unknown section; the plugin reads {', '.join(PLUGIN_SECTIONS)}"
         )
+    for key in (block.get("rollout") or {}) if isinstance(block.get("rollout"), Mapping) else ():
+        if key not in ROLLOUT_KEYS_USED and key in ROLLOUT_KEYS_IN_VERL:
+            raise ConfigError(
+                f"mcgpo.rollout.{key}: verl sets this, not the plugin (it would be ignored); "
+                f"set {ROLLOUT_KEYS_IN_VERL[key]} instead"
+            )
     cfg = from_dict(block, where="mcgpo")
     cfg = dataclasses.replace(cfg, algo=_grpo_std_switch(verl_config, cfg.algo))
     cfg.env.check()
@@ -109,6 +163,17 @@ def _grpo_std_switch(verl_config: Any, algo: Any) -> Any:
             "set one of them"
         )
     return dataclasses.replace(algo, estimator={**algo.estimator, "norm_by_std": False})
+
+
+def check_env(run: RunConfig) -> None:
+    """Build one environment of ``mcgpo.env`` with its options, as mcgpo's own trainer does
+    at set-up: a bad name or option, a missing extra or missing data is a one-line
+    ConfigError here (the check command, the trainer's start-up) instead of an error in
+    every agent-loop session."""
+    try:
+        env_factory(run)
+    except ConfigError as err:
+        raise ConfigError(f"mcgpo.{err}") from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -172,6 +237,55 @@ def rollout_correction(verl_config: Any) -> RolloutCorrection | None:
     return RolloutCorrection("mis", str(level), upper)
 
 
+# What to run instead of a verl trainer or mode the plugin does not support
+_USE_INSTEAD = (
+    "run python -m verl.trainer.main_ppo with trainer.use_v1=true trainer.v1.trainer_mode=mcgpo "
+    "(synchronous); for reproducible asynchrony use mcgpo's own trainer (train.async_lag)"
+)
+
+
+def check_trainer(verl_config: Any) -> None:
+    """Refuse, in one line naming what to set instead, every verl trainer and mode that
+    would run the plugin's agent loop without the plugin's trainer, or the plugin's trainer
+    in a way it was not proven in.
+
+    The plugin runs only as verl 0.9.1's v1 trainer ``mcgpo`` (``trainer.use_v1: true``,
+    ``trainer.v1.trainer_mode: mcgpo``), which is verl's synchronous trainer. Refused:
+    the legacy trainer (``use_v1: false``), verl's own v1 modes (``sync``,
+    ``colocate_async``, ``separate_async``: verl's GRPO on each episode's final reward,
+    ``mcgpo.algo`` ignored, no pair loss), the experimental ``one_step_off_policy`` and
+    ``fully_async_policy`` trainers (their own entry points and config blocks: ``rollout``
+    and ``async_training`` at the top), a custom replay buffer
+    (``trainer.v1.sampler.custom_sampler``) and decoupled local updates
+    (``trainer.v1.sync.parameter_sync_step`` > 1).
+    """
+    mode = _get(verl_config, "trainer.v1.trainer_mode")
+    v1 = _get(verl_config, "trainer.use_v1")
+    checks: list[_Check] = [
+        ("async_training", _get(verl_config, "async_training") is not None,
+         "verl.experimental.fully_async_policy is not supported by the mcgpo plugin (its "
+         "rollouter returns one output per trajectory and runs verl's own advantages)"),
+        ("rollout", _get(verl_config, "rollout") is not None,
+         "a top-level rollout block is verl.experimental.one_step_off_policy's, which the "
+         "mcgpo plugin does not support (one output per trajectory, verl's own advantages)"),
+        ("trainer.use_v1", v1 is not True,
+         f"{v1!r}: the mcgpo trainer is a v1 trainer; set it to true"),
+        ("trainer.v1.trainer_mode", mode != "mcgpo",
+         f"{mode!r} is not the plugin's trainer: verl's own trainers run verl's GRPO on each "
+         "episode's final reward (mcgpo.algo ignored, no pair loss), and the async modes "
+         "colocate_async and separate_async are not supported"),
+        ("trainer.v1.sampler.custom_sampler",
+         bool(_get(verl_config, "trainer.v1.sampler.custom_sampler.path")),
+         "a custom replay buffer may split or hold back task groups; leave it unset"),
+        ("trainer.v1.sync.parameter_sync_step",
+         int(_get(verl_config, "trainer.v1.sync.parameter_sync_step", 1)) != 1,
+         "local updates on parts of a batch split its task groups over updates; set it to 1"),
+    ]  # fmt: skip
+    for key, bad, why in checks:
+        if bad:
+            raise ConfigError(f"{key}: {why} ({_USE_INSTEAD})")
+
+
 def _get(config: Any, dotted: str, default: Any = None) -> Any:
     node = config
     for key in dotted.split("."):
@@ -222,10 +336,9 @@ def _advantage_checks(verl_config: Any, run: RunConfig) -> list[_Check]:
     return [
         ("critic.enable", _get(verl_config, "critic.enable") is True,
          "mcgpo's estimators give the advantages; verl's critic would be trained for nothing"),
-        ("algorithm.adv_estimator", _get(verl_config, "critic.enable") is None
-         and estimator == "gae",
-         "'gae' makes verl build a critic (need_critic); set grpo (the plugin replaces the "
-         "advantages anyway)"),
+        ("algorithm.adv_estimator", estimator == "gae",
+         "'gae' needs a critic's values (with critic.enable unset verl builds one; with it "
+         "false GAE has no values) and mcgpo replaces the advantages anyway; set grpo"),
         ("algorithm.use_kl_in_reward", bool(_get(verl_config, "algorithm.use_kl_in_reward")),
          "the KL penalty in the reward is never applied; use actor.use_kl_loss"),
         ("algorithm.adv_estimator", estimator not in ("gae", "grpo", run.algo.name),

@@ -10,9 +10,12 @@ the micro-batch (no copy), with d from :func:`mcgpo.objectives.response_log_rati
 Scaling: verl normalises each micro-batch's loss by global quantities so that the summed
 gradient of the micro-batches (averaged over data-parallel ranks) is the mini-batch's. The
 pair term is weighted the same way by rows: ``L_pair(B_b) * |B_b| * dp_size / G`` with
-``G = global_batch_size`` (the rows of the mini-batch over all ranks), which is mcgpo's own
-``|B_b| / |mini-batch|`` weighting (:mod:`mcgpo.objectives`). Without a global batch size
-(one rank, no global info) the weight is 1.
+``G`` the learned rows of the mini-batch over all ranks (``mcgpo_mini_rows``, written by the
+``mcgpo`` trainer: verl's ``global_batch_size`` also counts its synthetic padding rows and
+errored trajectories' rows, which mcgpo's own mini-batches do not hold), which is mcgpo's own
+``|B_b| / |mini-batch|`` weighting (:mod:`mcgpo.objectives`); without ``mcgpo_mini_rows``,
+``G = global_batch_size``. Without a global batch size (one rank, no global info) the weight
+is 1.
 
 Metrics, at the scale of mcgpo's own trainer (per mini-batch; verl's trainer then averages
 the mini-batches of an update). verl's ``Metric.aggregate_dp`` averages each micro-batch
@@ -121,6 +124,10 @@ def _pair_term(model_output: Any, data: Any) -> tuple[torch.Tensor, dict[str, fl
     dp_size = data["dp_size"] if "dp_size" in data else 1  # noqa: SIM401 (unwraps NonTensorData)
     if global_rows is None:
         return loss, stats, None
+    if "mcgpo_mini_rows" in data:  # the mini-batch's learned rows: no padding or errored rows
+        global_rows = int(data["mcgpo_mini_rows"].max())
+    if not global_rows:  # nothing learned from in this mini-batch: no pair either
+        return loss * 0.0, stats, float(dp_size)
     return loss * (len(rows) * dp_size / float(global_rows)), stats, float(dp_size)
 
 

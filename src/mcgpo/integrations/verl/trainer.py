@@ -2,8 +2,13 @@
 trainer with mcgpo's credit assignment, pair loss and pair-aware batch layout.
 
 * ``__init__`` checks the verl config against what the plugin honours
-  (:func:`mcgpo.integrations.verl.config.check_verl_config`): a setting it would silently
-  ignore is a one-line ConfigError before any worker starts.
+  (:func:`~mcgpo.integrations.verl.config.check_trainer`,
+  :func:`~mcgpo.integrations.verl.config.check_verl_config`) and builds one environment
+  (:func:`~mcgpo.integrations.verl.config.check_env`): a setting it would silently ignore
+  is a one-line ConfigError before any worker starts.
+* ``trainer_mode`` reads ``"sync"`` to verl's base trainer, which treats every other mode
+  as asynchronous: this trainer runs verl's synchronous replay buffer, batch sizes and
+  checkpoints.
 * ``on_init_end`` installs :func:`mcgpo.integrations.verl.loss.mcgpo_ppo_loss` on the actor
   with ``set_loss_fn`` (``lambda_pair`` from ``mcgpo.algo.lambda_pair``; 0 for algorithms
   without pairs).
@@ -29,6 +34,14 @@ trainer with mcgpo's credit assignment, pair loss and pair-aware batch layout.
   together; fixed micro-batches are contiguous, so an even ``ppo_micro_batch_size_per_gpu``
   does (the config check requires it).
 
+* ``_compute_advantage`` also writes ``mcgpo_mini_rows`` (the learned rows of each row's
+  mini-batch, the pair loss's normaliser), counts trajectories and errored ones, and warns
+  when every trajectory of the update errored (with the first error); ``_update_actor``
+  then takes no optimiser step, and ``mcgpo.train.max_failed_updates`` such updates in a
+  row stop the run.
+* ``_val_metrics_update`` adds mcgpo's ``eval/*`` to verl's validation metrics
+  (:mod:`mcgpo.integrations.verl.validation`).
+
 verl's synthetic padding rows (``is_padding`` tags) are left out of the StepTable.
 """
 
@@ -53,12 +66,22 @@ from mcgpo.integrations.verl.batch import (
     batch_credit,
     credit_fields,
     failure_counts,
+    first_error,
     layout_partner,
+    mini_batch_learned_rows,
     take,
 )
-from mcgpo.integrations.verl.config import check_verl_config, plugin_config, rollout_correction
+from mcgpo.integrations.verl.config import (
+    check_env,
+    check_trainer,
+    check_verl_config,
+    max_failed_updates,
+    plugin_config,
+    rollout_correction,
+)
 from mcgpo.integrations.verl.layout import LayoutStats, pair_layout
 from mcgpo.integrations.verl.loss import mcgpo_ppo_loss, rollout_is_weights
+from mcgpo.integrations.verl.validation import validation_metrics
 from mcgpo.training.algorithms import ALGORITHMS
 from mcgpo.training.config import ConfigError, RunConfig
 
@@ -129,12 +152,30 @@ class McgpoTrainer(PPOTrainerSync):
     """verl's sync trainer with mcgpo advantages, preferences, pair loss and layout."""
 
     def __init__(self, config: Any) -> None:
-        self.mcgpo = plugin_config(config)  # fail before any worker starts
+        check_trainer(config)  # fail before any worker starts
+        self.mcgpo = plugin_config(config)
         check_verl_config(config, self.mcgpo)
+        check_env(self.mcgpo)  # one environment built with mcgpo.env's options
         self._correction = rollout_correction(config)  # verl's rollout_is, as mcgpo's
+        self._max_failed_updates = max_failed_updates(config)
+        self._failed_updates = 0  # consecutive updates whose every trajectory errored
+        self._first_error = ""  # the first error message of the batch being updated
+        self._learned_rows = 0  # learned rows of the batch being updated
         # (row keys, credit, layout stats, failure counts) of the batch _balance_batch laid out
         self._credit: tuple[list[Any], BatchCredit, LayoutStats, dict[str, int]] | None = None
         super().__init__(config)
+
+    @property
+    def trainer_mode(self) -> str:
+        """``"sync"`` for verl's base trainer: it treats any other mode (this trainer's name
+        included) as async, with ``ReplayBufferAsync``, ``gen_batch_size`` forced to 1 and
+        TransferQueue checkpoints; this trainer is verl's synchronous one."""
+        return "sync"
+
+    @trainer_mode.setter
+    def trainer_mode(self, mode: str) -> None:  # PPOTrainer.__init__ assigns the config's
+        if mode != TRAINER_NAME:
+            raise ConfigError(f"trainer.v1.trainer_mode: {mode!r}, not {TRAINER_NAME!r}")
 
     def on_init_end(self) -> None:
         super().on_init_end()
@@ -162,6 +203,7 @@ class McgpoTrainer(PPOTrainerSync):
         actor, n = self.config.actor_rollout_ref.actor, int(self.config.actor_rollout_ref.rollout.n)
         padding = [bool(t.get("is_padding", False)) for t in batch.tags]
         failures = failure_counts(data["extra_fields"], padding)
+        self._first_error = first_error(data["extra_fields"], padding)
         order, result, stats = lay_out_batch(
             list(data["extra_fields"]), padding,
             calculate_workload(seq_lens).cpu().numpy(), self.mcgpo, group_size=n, dp_size=dp,
@@ -188,6 +230,7 @@ class McgpoTrainer(PPOTrainerSync):
             keys=batch.keys, partition_id=batch.partition_id, select_fields=["extra_fields"]
         )
         padding = [bool(tag.get("is_padding", False)) for tag in batch.tags]
+        self._first_error = first_error(data, padding)
         return batch_credit(data, self.mcgpo.algo, padding), None, failure_counts(data, padding)
 
     def _compute_advantage(self, batch: Any, metrics: dict) -> Any:
@@ -204,12 +247,43 @@ class McgpoTrainer(PPOTrainerSync):
                 self._correction,
             )  # fmt: skip
             metrics.update(corrected)
+        actor, n = self.config.actor_rollout_ref.actor, int(self.config.actor_rollout_ref.rollout.n)
+        dp = self._dp_size()
+        per_rank = int(actor.ppo_mini_batch_size) * n // dp
+        fields["mcgpo_mini_rows"] = torch.as_tensor(
+            mini_batch_learned_rows(result.learn, dp, per_rank)
+        )  # the pair loss's normaliser (loss.py)
         batch = tq.kv_batch_put(
             keys=batch.keys, partition_id=batch.partition_id,
             fields=TensorDict(fields, batch_size=len(batch)),
         )  # fmt: skip
-        metrics.update(credit_metrics(result, stats, self._dp_size(), failures))
+        metrics.update(credit_metrics(result, stats, dp, failures))
+        self._learned_rows = int(np.sum(result.learn))
+        self._count_failed_update(result, metrics)
         return batch
+
+    def _count_failed_update(self, result: BatchCredit, metrics: dict) -> None:
+        """Warn when every trajectory of this update errored (each time, with the first
+        error); stop the run after ``max_failed_updates`` such updates in a row."""
+        table = result.table
+        if len(table) == 0 or not bool(np.all(table.errored)):
+            self._failed_updates = 0
+            return
+        self._failed_updates += 1
+        first = self._first_error or "no message"
+        logger.warning(
+            "mcgpo: update %d: every trajectory errored (%d); nothing is learned from it "
+            "(%d in a row). First error: %s",
+            self.global_steps, int(metrics.get("mcgpo/errored_trajectories", 0)),
+            self._failed_updates, first,
+        )  # fmt: skip
+        limit = self._max_failed_updates
+        if limit and self._failed_updates >= limit:
+            raise RuntimeError(
+                f"mcgpo: {self._failed_updates} updates in a row had every trajectory errored "
+                f"(first error: {first}); stopping. The last checkpoint (trainer.save_freq) is "
+                "kept: once the environment is back, rerun with trainer.resume_mode=auto"
+            )
 
     def _update_actor(self, batch: Any, metrics: dict) -> Any:
         # dynamic micro-batches only: there force_group_size=2 keeps rows 2k, 2k+1 together;
@@ -218,9 +292,32 @@ class McgpoTrainer(PPOTrainerSync):
         # keeps partners together and 2 would double the micro-batch
         if lambda_pair(self.mcgpo) and self.config.actor_rollout_ref.actor.use_dynamic_bsz:
             batch.extra_info["force_group_size"] = 2
+        if self._learned_rows == 0:  # every trajectory errored: no optimiser step (as mcgpo's
+            metrics["mcgpo/optimizer_steps"] = 0.0  # own trainer; AdamW's decay would still
+            return batch  # move the weights)
         batch = super()._update_actor(batch, metrics)
         metrics.update(pair_accuracy(metrics))
         return batch
+
+    def _val_metrics_update(
+        self, data_sources: Any, sample_uids: Any, reward_extra_infos_dict: dict[str, list],
+        sample_turns: Any, expected_acc_counts: dict | None = None,
+    ) -> dict[str, float]:  # fmt: skip
+        """verl's ``val-core`` / ``val-aux`` metrics plus mcgpo's ``eval/*`` (success, score,
+        turns, valid actions, errored episodes, success per task type) from the episodes'
+        ``reward_extra_info`` (:mod:`mcgpo.integrations.verl.validation`)."""
+        out = super()._val_metrics_update(
+            data_sources, sample_uids, reward_extra_infos_dict, sample_turns,
+            expected_acc_counts=expected_acc_counts,
+        )  # fmt: skip
+        expected = sum((expected_acc_counts or {}).values()) or None
+        evaluated = validation_metrics(reward_extra_infos_dict, expected=expected)
+        if evaluated.get("eval/errored", 0.0) > 0:
+            logger.warning(
+                "mcgpo: validation: %d of %d episodes errored (left out of eval/success)",
+                int(evaluated["eval/errored"]), int(evaluated["eval/episodes"]),
+            )  # fmt: skip
+        return {**out, **evaluated}
 
 
 def pair_accuracy(metrics: Mapping[str, Any]) -> dict[str, float]:
@@ -245,6 +342,8 @@ def credit_metrics(
     out["mcgpo/pairs"] = float(np.sum(result.sign > 0))
     out["mcgpo/pairs_split_dp"] = float(split_pairs(result.partner, dp_size))
     out["mcgpo/errored_rows"] = float(np.sum(table.errored))
+    out["mcgpo/trajectories"] = float(len(np.unique(table.traj)))
+    out["mcgpo/errored_trajectories"] = float(len(np.unique(table.traj[table.errored])))
     out["mcgpo/padding_rows"] = float(len(result.learn) - len(result.rows))
     if stats is not None:
         out["mcgpo/layout_pairs"] = float(stats.pairs)

@@ -1,0 +1,263 @@
+"""Rollouts that overlap the update, with a fixed lag (``train.async_lag k``).
+
+Versions. ``θ_u`` is the policy after update ``u`` (``θ_0`` the initial one). Batch ``v`` (the
+rollouts update ``v`` learns from) is sampled entirely with ``θ_s(v)``,
+
+    s(v) = max(0, v - 1 - k)                                    (:func:`batch_version`)
+
+whatever the timing, so update ``u`` learns from a batch ``min(k, u - 1)`` updates old (metric
+``async/lag``). k = 0 is the sequential trainer (batch v sampled with θ_{v-1}; the loop then
+runs no producer at all); k = 1 is "one step off": batch v + 1 is sampled with θ_{v-1} while
+update v trains θ_{v-1} into θ_v on batch v. A batch is one :func:`~mcgpo.rollout.collect`
+call on one frozen copy of the weights, so its groups never span two versions, and the
+batch's seed and tasks are those of the sequential trainer for batch v
+(``rollout_seed(seed, v)``, the task cursor's v-th block).
+
+Schedule. ``θ_s(v)`` exists after update ``s(v)``; so batches ``1 .. k + 1`` (all from θ_0)
+are asked for at the start, and batch ``u + 1 + k`` right after update ``u``, with a snapshot
+of θ_u (a copy of the state dict, taken before update u + 1 changes the weights). One
+producer thread samples the batches in order on a replica of the policy (its own copy: the
+update waits only for the batch it learns from, the producer only for the weights it samples
+with, ``time/wait_rollout`` and ``time/wait_update``); at most
+k + 1 batches are asked for and not yet learned from, and at most k snapshots wait. Any k is
+exact; each extra step of lag holds one more snapshot of the weights and one more batch.
+
+Learning from an older batch: π_old is recomputed by the update's forward on θ_{u-1} (the
+proximal policy of decoupled PPO) and the sampler's log-probs (behaviour policy, θ_s(v))
+enter only the rollout correction (``train.rollout_correction``, auto = tis when k >= 1);
+MCGPO's pair score d is against the recomputed π_old, never the behaviour policy.
+
+Resume. A checkpoint after update u holds batches ``u + 1 .. u + k``
+(:mod:`mcgpo.training.pending`; already sampled, or waited for); ``--resume`` puts them back
+and asks only for batch u + 1 + k, with θ_u, the checkpoint's weights. So the run goes on as
+if never stopped. After the last update no batch is asked for, but the ones asked for earlier
+(up to U + k) are finished and kept in the final checkpoint, so that a resume with more
+``train.updates`` continues exactly.
+
+Evaluation runs on θ_u in the learner's thread, beside the producer: the environments of
+both are open at once (a served environment needs sessions for G·N rollouts plus the
+evaluation's). A producer failure ends the run with one line
+(:class:`RolloutProducerError`) at the learner's next wait, never a hang.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import queue
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mcgpo.policy.precision import compute
+from mcgpo.rollout.group_rollout import Rollout, collect
+from mcgpo.training.build import collect_options, rollout_seed
+from mcgpo.training.distributed import gather_objects, rank_block
+from mcgpo.training.metrics import PeakMemory
+from mcgpo.training.pending import Batch, write_pending
+
+__all__ = [
+    "RolloutPipeline",
+    "RolloutProducerError",
+    "batch_version",
+    "collect_batch",
+    "start_pipeline",
+]
+
+# How often a waiting learner looks whether the producer thread is still alive (seconds).
+_POLL = 1.0
+
+
+class RolloutProducerError(RuntimeError):
+    """The rollout producer failed; the message is one line naming the batch and the error."""
+
+
+def batch_version(number: int, lag: int) -> int:
+    """s(v) = max(0, v - 1 - k): updates done on the weights that sample batch ``number``."""
+    return max(0, number - 1 - lag)
+
+
+def collect_batch(
+    run: Any, model: Any, number: int, task_cursor: int, tokenizer: Any = None
+) -> tuple[Rollout, dict]:
+    """This rank's block of the G training tasks from ``task_cursor`` on, N rollouts each,
+    sampled by ``model`` with the seed of batch ``number``; with the collection's peak memory
+    and its seconds of environment steps and of decoding (``time/env``, ``time/decode``).
+    ``tokenizer``: the run's, unless given (the producer's own copy)."""
+    cfg, world = run.cfg, run.world
+    block = rank_block(cfg.rollout.groups, world)
+    tasks = [task_cursor + g for g in block]
+    options = collect_options(
+        cfg,
+        run.response_format,
+        split=cfg.env.train_split,
+        temperature=cfg.rollout.temperature,
+        group_size=cfg.rollout.group_size,
+        seed=rollout_seed(cfg.seed, number),
+    )
+    # the sampling streams follow the global group index: rank-independent rollouts
+    options = dataclasses.replace(options, group_offset=block.start)
+    memory = PeakMemory.start(cfg.device, "rollout")
+    with compute(cfg.train.precision, cfg.device):  # the sampler in the update's precision
+        tokenizer = run.tokenizer if tokenizer is None else tokenizer
+        rollout = collect(model, tokenizer, run.make_env, tasks, options, engine=run.engine)
+    stats = memory.stop()
+    stats["time/env"] = rollout.stats.get("env_seconds", 0.0)
+    stats["time/decode"] = rollout.stats.get("sample_seconds", 0.0)
+    return rollout, stats
+
+
+def start_pipeline(run: Any) -> RolloutPipeline | None:
+    """The producer of a run with ``train.async_lag`` >= 1 (None at 0: the loop collects
+    itself), holding the batches ``run.pending`` restored from the checkpoint."""
+    if run.cfg.train.async_lag == 0:
+        return None
+    return RolloutPipeline(run, run.pending)
+
+
+class RolloutPipeline:
+    """One producer thread that samples whole batches ahead of the update (module docstring).
+
+    The learner calls :meth:`take` for batch u before update u, :meth:`publish` after it,
+    :meth:`checkpoint_files` when it saves (every rank) and :meth:`close` at the end.
+    """
+
+    def __init__(self, run: Any, pending: list[Batch]) -> None:
+        self.lag: int = run.cfg.train.async_lag
+        self._run = run
+        # a plain copy: freezing its parameters would change the kernels some layers pick
+        # (the sampler's log-probs then differ from the sequential run's in the last bit)
+        self._replica = copy.deepcopy(run.model)
+        # a fast tokenizer used from two threads at once can fail ("Already borrowed")
+        self._tokenizer = copy.deepcopy(run.tokenizer)
+        self._requests: queue.Queue[tuple[int, dict | None, int] | None] = queue.Queue()
+        self._done = {b.number: b for b in pending}
+        self._changed = threading.Condition()
+        self._error = ""
+        self._cause: BaseException | None = None
+        first = run.updates_done + 1
+        for batch in pending:
+            if not first <= batch.number <= first - 1 + self.lag:
+                raise ValueError(f"pending batch {batch.number} does not follow update {first - 1}")
+        for number in range(first, first + self.lag + 1):
+            if number not in self._done and run.updates_done < run.cfg.train.updates:
+                # from the weights the run holds now (none once the last update is done)
+                if batch_version(number, self.lag) != run.updates_done:
+                    raise ValueError(
+                        f"batch {number} needs θ_{batch_version(number, self.lag)}, "
+                        f"the run holds θ_{run.updates_done}: pending batches are missing"
+                    )
+                self._ask(number, None)
+        # OpenMP's thread count is per thread: the producer takes the run's, not the default
+        threads = torch.get_num_threads()
+        self._thread = threading.Thread(
+            target=self._produce, args=(threads,), name="rollout-producer", daemon=True
+        )
+        self._thread.start()
+
+    # --- the learner's side ---------------------------------------------------------------
+
+    def take(self, number: int) -> tuple[Rollout, dict[str, float]]:
+        """Batch ``number`` (waits for it; ``time/wait_rollout``), its lag (``async/lag``);
+        the run's task cursor moves on by G."""
+        clock = time.perf_counter()
+        batch = self._wait_for(number, pop=True)
+        waited = time.perf_counter() - clock
+        if batch.version != batch_version(number, self.lag):  # never: the schedule fixes it
+            raise RolloutProducerError(f"batch {number} was sampled with θ_{batch.version}")
+        self._run.task_cursor += self._run.cfg.rollout.groups
+        lag = number - 1 - batch.version
+        return batch.rollout, {**batch.stats, "async/lag": lag, "time/wait_rollout": waited}
+
+    def publish(self) -> None:
+        """After update u: ask for batch u + 1 + k, sampled with a snapshot of θ_u (none
+        after the last update: θ_U is the final model and its checkpoint's)."""
+        run = self._run
+        if run.updates_done >= run.cfg.train.updates:
+            return
+        snapshot = {k: t.detach().clone() for k, t in run.model.state_dict().items()}
+        device = torch.device(run.cfg.device)
+        if device.type == "cuda":  # the copies are done before the producer reads them
+            torch.cuda.current_stream(device).synchronize()
+        self._ask(run.updates_done + 1 + self.lag, snapshot)
+
+    def checkpoint_files(self) -> Callable[[Path], None]:
+        """Waits for batches u + 1 .. u + k (asked for already) and gathers every rank's
+        (a collective: every rank calls it); returns what writes them into a checkpoint
+        folder (rank 0 calls it, :func:`mcgpo.training.checkpoint.save_checkpoint`)."""
+        u = self._run.updates_done
+        mine = [self._wait_for(v, pop=False) for v in range(u + 1, u + 1 + self.lag)]
+        ranks = gather_objects(mine, self._run.world)
+        return lambda folder: write_pending(folder, self.lag, ranks)
+
+    def close(self) -> None:
+        """Stop the producer after the batch it is sampling (a failed run does not wait for
+        more than that)."""
+        self._requests.put(None)
+        self._thread.join(timeout=600)
+
+    # --- the producer's side --------------------------------------------------------------
+
+    def _ask(self, number: int, snapshot: dict | None) -> None:
+        run = self._run
+        # the task cursor stands after batch run.updates_done's tasks (take moved it on)
+        cursor = run.task_cursor + (number - run.updates_done - 1) * run.cfg.rollout.groups
+        self._requests.put((number, snapshot, cursor))
+
+    def _wait_for(self, number: int, *, pop: bool) -> Batch:
+        with self._changed:
+            while number not in self._done:
+                if self._error:
+                    raise RolloutProducerError(self._error) from self._cause
+                if not self._thread.is_alive():
+                    raise RolloutProducerError(
+                        f"rollout producer stopped before batch {number} (no error reported)"
+                    )
+                self._changed.wait(timeout=_POLL)
+            return self._done.pop(number) if pop else self._done[number]
+
+    def _produce(self, threads: int) -> None:
+        torch.set_num_threads(threads)
+        device = torch.device(self._run.cfg.device)
+        # on a GPU the producer's kernels go to a stream of their own, beside the update's
+        stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+            self._serve_requests(stream)
+
+    def _serve_requests(self, stream: Any) -> None:
+        version = self._run.updates_done
+        while True:
+            clock = time.perf_counter()
+            request = self._requests.get()
+            waited = time.perf_counter() - clock
+            if request is None:
+                return
+            number, snapshot, cursor = request
+            try:
+                if snapshot is not None:
+                    self._replica.load_state_dict(snapshot)
+                    if stream is not None:  # read before the snapshot's memory is freed
+                        stream.synchronize()
+                    version = batch_version(number, self.lag)
+                rollout, stats = collect_batch(
+                    self._run, self._replica, number, cursor, tokenizer=self._tokenizer
+                )
+            except BaseException as err:  # reaches the learner at its next wait
+                reason = str(err).strip().splitlines()
+                with self._changed:
+                    self._error = (
+                        f"rollout producer failed on batch {number}: {type(err).__name__}"
+                        + (f": {reason[0]}" if reason else "")
+                    )
+                    self._cause = err
+                    self._changed.notify_all()
+                return
+            stats["time/wait_update"] = waited
+            with self._changed:
+                self._done[number] = Batch(number, version, rollout, stats)
+                self._changed.notify_all()

@@ -1,0 +1,132 @@
+"""collect(overlap_env=True): environment steps overlapped with decoding, the same rollout.
+
+Two halves of the environments in ping-pong: one half steps (in a thread) while the other
+decodes. Each environment's turn reads only its own observation, history and generator, so
+the overlapped rollout equals the sequential one token for token: the same rows (every
+StepTable column), responses, token ids and errors, whatever the timing; the log-probs
+agree to float rounding (a row is decoded in other company: 1e-5, as in
+test_rollout_streams.py).
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from rollout_fakes import CounterEnv, CounterSpec
+
+from mcgpo.rollout import CollectOptions, collect
+from mcgpo.rollout import group_rollout as rollout_module
+
+N = 3
+OPTIONS = {"split": "train", "temperature": 1.0, "history": 2, "max_new_tokens": 6}
+
+
+def run(policy, tasks, env=CounterEnv, **kw):
+    options = CollectOptions(group_size=N, **{**OPTIONS, **kw})
+    return collect(*policy, env, tasks, options)
+
+
+def assert_same_rollout(a, b):
+    for name, column in a.table.columns().items():
+        np.testing.assert_array_equal(column, b.table.columns()[name], err_msg=name)
+    assert a.responses == b.responses and a.errors == b.errors
+    ta, tb = a.tokens, b.tokens
+    assert torch.equal(ta.input_ids, tb.input_ids) and torch.equal(
+        ta.response_mask, tb.response_mask
+    )
+    torch.testing.assert_close(ta.old_log_probs, tb.old_log_probs, atol=1e-5, rtol=0)
+    timing = ("seconds", "sample_seconds", "env_seconds")
+    assert {k: v for k, v in a.stats.items() if k not in timing} == {
+        k: v for k, v in b.stats.items() if k not in timing
+    }
+
+
+@settings(max_examples=6, deadline=None)
+@given(
+    st.lists(st.integers(0, 8), min_size=1, max_size=4),
+    st.integers(0, 2**31),
+    st.sampled_from(["dynamic", "static"]),
+)
+def test_overlapped_rollout_is_the_sequential_one(counter_policy, tasks, seed, sampler):
+    sequential = run(counter_policy, tasks, seed=seed, sampler=sampler)
+    overlapped = run(counter_policy, tasks, seed=seed, sampler=sampler, overlap_env=True)
+    assert len(sequential.table) > 0
+    assert_same_rollout(sequential, overlapped)
+
+
+class SlowCounter(CounterEnv):
+    """A counter whose steps take a random while (its own stream), and that fails at turn 2
+    of task 4: timings change, the rollout must not."""
+
+    def __init__(self) -> None:
+        super().__init__(fail_seed=4, fail_turn=2)
+        self.pauses = random.Random()
+
+    def step(self, action):
+        time.sleep(self.pauses.uniform(0, 0.01))
+        return super().step(action)
+
+
+class ServedCounter(SlowCounter):
+    """As a served environment's client: the pool steps its slots from threads, and the two
+    halves' steps may run at once (``EnvPool.steps_at_once``)."""
+
+    concurrent_steps = True
+
+
+@pytest.mark.parametrize("env", [SlowCounter, ServedCounter])
+def test_random_step_times_and_a_failing_environment_change_nothing(counter_policy, env):
+    tasks = [4, 1, 5, 2]
+    sequential = run(counter_policy, tasks, env=env, seed=3)
+    overlapped = run(counter_policy, tasks, env=env, seed=3, overlap_env=True)
+    assert sequential.errors and sequential.table.errored.any()  # task 4's siblings failed
+    assert_same_rollout(sequential, overlapped)
+
+
+@pytest.mark.slow
+def test_environments_in_worker_processes_overlap_the_same(counter_policy):
+    tasks = [0, 1, 2]
+    sequential = run(counter_policy, tasks, env=CounterSpec(), seed=5, workers=2)
+    overlapped = run(counter_policy, tasks, env=CounterSpec(), seed=5, workers=2, overlap_env=True)
+    assert_same_rollout(sequential, overlapped)
+
+
+def test_one_half_steps_while_the_other_decodes(counter_policy, monkeypatch):
+    """The first step of half A (environments 0 .. n/2 - 1) waits until half B's first
+    decode has begun: it can only end in time if the two run at once (wide margin)."""
+    tasks = [0, 1]  # 6 environments: halves 0-2 and 3-5
+    b_decoding = threading.Event()
+    seen: dict[str, bool] = {}
+    real = rollout_module.SAMPLERS["dynamic"]
+
+    def sampler(model, prompts, *, generator, **kw):
+        if len(prompts) and generator[0] is generators_of_b[0]:
+            b_decoding.set()
+        return real(model, prompts, generator=generator, **kw)
+
+    real_sampling = rollout_module._sampling
+    generators_of_b: list = []
+
+    def sampling(*args, **kwargs):
+        s = real_sampling(*args, **kwargs)
+        generators_of_b[:] = s.generators[3:]
+        return s
+
+    class WaitingCounter(CounterEnv):
+        def step(self, action):
+            if self.turn == 0 and "first" not in seen:
+                seen["first"] = b_decoding.wait(timeout=120)
+                seen["thread"] = threading.current_thread() is not threading.main_thread()
+            return super().step(action)
+
+    monkeypatch.setitem(rollout_module.SAMPLERS, "dynamic", sampler)
+    monkeypatch.setattr(rollout_module, "_sampling", sampling)
+    run(counter_policy, tasks, env=WaitingCounter, seed=1, overlap_env=True)
+    assert seen == {"first": True, "thread": True}

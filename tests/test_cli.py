@@ -82,7 +82,7 @@ def one_line_error(err: str) -> str:
         (
             [],
             "mcgpo: error: choose a command: sft, train, eval, bench, ablate, sweep, presets, "
-            "report, alfworld-generate or env",
+            "report, alfworld-generate, env or export",
         ),
         (["report", "no/such/run"], "mcgpo: error: run folder 'no/such/run' not found"),
     ],

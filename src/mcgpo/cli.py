@@ -308,6 +308,12 @@ def _env(argv: list[str]) -> int:
     return env_main(argv)
 
 
+def _export(argv: list[str]) -> int:
+    from mcgpo.training.export import main as export_main
+
+    return export_main(argv)
+
+
 # Commands with their own option parsers (mcgpo <command> --help shows them).
 DELEGATED: dict[str, tuple[Any, str]] = {
     "bench": (_bench, "compare methods over seeds from one warm start: results.md, plots"),
@@ -315,6 +321,7 @@ DELEGATED: dict[str, tuple[Any, str]] = {
     "sweep": (_sweep, "MCGPO's hyper-parameters, one at a time around the defaults"),
     "alfworld-generate": (_alfworld_generate, "generate ALFWorld-style games offline (extra)"),
     "env": (_env, "env serve: serve an environment over HTTP (docs/envs/serving.md)"),
+    "export": (_export, "export --merge RUN: a LoRA run's adapters merged into a model folder"),
 }
 
 
@@ -338,7 +345,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.parse_args(argv)  # handles --help; anything else is an error
             raise UsageError(
                 "choose a command: sft, train, eval, bench, ablate, sweep, presets, report, "
-                "alfworld-generate or env"
+                "alfworld-generate, env or export"
             )
         command = argv[0]
         if command == "presets":

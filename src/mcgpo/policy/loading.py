@@ -88,6 +88,10 @@ def load_policy(
         raise PolicyLoadError(f"policy folder {str(folder)!r} does not exist{hub_id_hint(path)}")
     if not folder.is_dir():
         raise PolicyLoadError(f"policy path {str(folder)!r} is not a folder")
+    from mcgpo.policy.lora import is_adapter_folder
+
+    if is_adapter_folder(folder):  # a LoRA run's model: its base with the adapters merged
+        return _load_adapter_folder(folder, dtype=dtype, device=device)
     if not (folder / "config.json").is_file():
         raise PolicyLoadError(
             f"policy folder {str(folder)!r} has no config.json (not a Hugging Face model folder)"
@@ -119,12 +123,61 @@ def load_policy(
     return model, tokenizer
 
 
+def _load_adapter_folder(
+    folder: Path, *, dtype: torch.dtype | None, device: torch.device | str | None
+) -> tuple[Any, Any]:
+    """A PEFT adapter folder (:mod:`mcgpo.policy.lora`) loaded as PEFT loads it, onto the
+    base model its config names, then merged into a plain model."""
+    from peft import PeftModel
+
+    from mcgpo.policy.lora import adapter_base
+
+    base = adapter_base(folder)
+    if base is None:
+        raise PolicyLoadError(
+            f"adapter folder {str(folder)!r} names no base model (base_model_name_or_path)"
+        )
+    try:
+        model, tokenizer = load_policy(base, dtype=dtype, device=device)
+    except PolicyLoadError as err:
+        raise PolicyLoadError(f"adapter folder {str(folder)!r}: its base model: {err}") from None
+    try:
+        with _quiet():
+            model = PeftModel.from_pretrained(model, folder).merge_and_unload()
+    except (OSError, ValueError, KeyError) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise PolicyLoadError(
+            f"adapter folder {str(folder)!r}: cannot load the adapters ({first})"
+        ) from err
+    return model, _adapter_tokenizer(folder, tokenizer)
+
+
+def _adapter_tokenizer(folder: Path, base_tokenizer: Any) -> Any:
+    """The tokenizer saved beside the adapters, or the base model's."""
+    from transformers import AutoTokenizer
+
+    if not (folder / "tokenizer_config.json").is_file():
+        return base_tokenizer
+    with _quiet():
+        tokenizer = _tokenizer_class(folder, AutoTokenizer).from_pretrained(
+            folder, local_files_only=True
+        )
+    if tokenizer.pad_token_id is None and tokenizer.eos_token is not None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
 def save_policy(
     model: Any, tokenizer: Any, path: str | Path, *, state_dict: dict[str, Any] | None = None
 ) -> Path:
     """Write model (safetensors) and tokenizer to ``path`` (created if needed); return it.
     ``state_dict``: the weights to write instead of the model's own (a sharded policy's,
-    gathered: :func:`full_weights`, or the learner's rank-0 gather)."""
+    gathered: :func:`full_weights`, or the learner's rank-0 gather). A LoRA policy
+    (:mod:`mcgpo.policy.lora`) is written as a PEFT adapter folder."""
+    from mcgpo.policy.lora import has_lora, save_adapter
+
+    if has_lora(model):  # a LoRA policy: its adapters, as a PEFT adapter folder
+        return save_adapter(model, tokenizer, path)
     folder = Path(path)
     folder.mkdir(parents=True, exist_ok=True)
     with _quiet():
@@ -144,9 +197,16 @@ def full_parameters(model: Any) -> Iterator[tuple[str, torch.Tensor]]:
     """``model``'s parameters by name (a tied head once, under the embedding's name, as
     ``named_parameters`` gives it), each whole and detached: a DTensor shard is
     all-gathered first, so with a sharded policy this is a collective: every rank must
-    iterate it to the end, in the same order. One gathered parameter at a time."""
+    iterate it to the end, in the same order. One gathered parameter at a time. A LoRA
+    policy's are the merged weights under the base model's names
+    (:func:`mcgpo.policy.lora.merged_parameters`)."""
     from torch.distributed.tensor import DTensor
 
+    from mcgpo.policy.lora import has_lora, merged_parameters
+
+    if has_lora(model):  # the base model's names, the adapters merged into its weights
+        yield from merged_parameters(model)
+        return
     for name, param in model.named_parameters():
         yield name, (param.full_tensor() if isinstance(param, DTensor) else param).detach()
 

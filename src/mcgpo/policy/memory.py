@@ -23,6 +23,17 @@ update passes the response mask as ``positions``; ``train.logits_chunk`` x rows 
 time, all if 0) and holds bf16 logits, their fp32 upcast and log-softmax, and for the
 entropy its exp: 14 bytes per vocabulary entry per position.
 
+LoRA (``lora_rank`` r > 0, :mod:`mcgpo.policy.lora`, default targets: the seven attention
+and MLP projections): each adapted layer ``in -> out`` adds ``r (in + out)`` parameters, per
+decoder layer ``r (7h + 2q + 2k + 3f)`` (:func:`lora_parameter_count`). Only those train:
+16 bytes each (fp32 weights, gradients, AdamW m and v; the adapters are fp32 whatever the
+base's dtype); the frozen base holds its weights only (4 bytes a parameter under
+bf16-mixed, 2 under ``train.precision bf16``), and the KL reference is that base with the
+adapters off: 0 bytes. Activations: each adapter keeps ``A x`` (r values) for its
+gradient, ``7 r`` per layer and token in the compute dtype, added to the full layer's count;
+a frozen base keeps a little less than a trained one (measured 6-9 % fewer bytes per layer
+on the CPU against autograd's saved tensors), so the LoRA figure is an upper bound.
+
 A colocated vLLM engine (:func:`engine_memory`, ``rollout.engine vllm``) holds its own copy
 of the weights in its dtype, a KV cache of ``2 x layers x kv_heads x head_dim x bytes`` per
 token for every sequence of the rollout at full context, the activations of its profiling
@@ -44,6 +55,7 @@ __all__ = [
     "head_bytes",
     "kv_cache_bytes_per_token",
     "layer_bytes_per_token",
+    "lora_parameter_count",
     "parameter_count",
     "plan",
 ]
@@ -74,6 +86,12 @@ def parameter_count(config: Any) -> int:
     return config.num_hidden_layers * layer + embed + head + h  # + the final norm
 
 
+def lora_parameter_count(config: Any, rank: int) -> int:
+    """Parameters of rank-``rank`` LoRA adapters on the seven projections of every layer."""
+    h, f, q, k, _ = _dims(config)
+    return config.num_hidden_layers * rank * (7 * h + 2 * q + 2 * k + 3 * f)
+
+
 def layer_bytes_per_token(config: Any, precision: str = "bf16-mixed") -> int:
     """Saved-for-backward bytes of one decoder layer per token (module docstring)."""
     h, f, q, k, _ = _dims(config)
@@ -85,10 +103,12 @@ def layer_bytes_per_token(config: Any, precision: str = "bf16-mixed") -> int:
 
 
 def activation_bytes_per_token(
-    config: Any, *, precision: str = "bf16-mixed", checkpointing: bool = False
+    config: Any, *, precision: str = "bf16-mixed", checkpointing: bool = False, lora_rank: int = 0
 ) -> int:
-    """Bytes per token of every layer's saved activations at the backward's peak."""
+    """Bytes per token of every layer's saved activations at the backward's peak (with
+    ``lora_rank``: plus each adapter's ``A x``, module docstring)."""
     layers, full = config.num_hidden_layers, layer_bytes_per_token(config, precision)
+    full += 7 * lora_rank * (4 if precision == "fp32" else 2)
     if not checkpointing:
         return layers * full
     return layers * 4 * config.hidden_size + full  # fp32 layer inputs + one recomputed layer
@@ -169,6 +189,7 @@ class MemoryPlan:
     # (training/learner.py: it follows the sharded steps); 0 on one GPU, where the
     # trained module is the replica, and without one (train.fsdp_replica false)
     replica_gb: float = 0.0
+    trainable_b: float = 0.0  # parameters that train, billions (LoRA: the adapters')
 
     @property
     def vllm_gb(self) -> float:
@@ -200,6 +221,8 @@ def plan(
     sequences: int = 128,
     kl: bool = True,
     replica: bool = True,
+    lora_rank: int = 0,
+    base_bytes: int = 4,
 ) -> MemoryPlan:
     """The bf16-mixed memory of one GPU of ``gpus`` (FSDP2 shards states and reference).
 
@@ -220,6 +243,12 @@ def plan(
     ``gpus`` > 1; the trainer then keeps only its shards while vLLM samples (the HF-sampler
     fields, ``rollout_gb``, assume the replica).
     """
+    if lora_rank > 0:
+        return _lora_plan(
+            config, lora_rank, base_bytes, gpus=gpus, checkpointing=checkpointing,
+            micro_rows=micro_rows, row_tokens=row_tokens, logits_chunk=logits_chunk,
+            response_tokens=response_tokens, sequences=sequences,
+        )  # fmt: skip
     n = parameter_count(config)
     states = 16 * n / gpus
     replica_bytes = 4 * n if gpus > 1 and replica else 0.0  # a whole copy beside the learner
@@ -247,4 +276,50 @@ def plan(
         engine=engine,
         resident_gb=resident / GB,
         replica_gb=replica_bytes / GB,
+        trainable_b=n / 1e9,
+    )
+
+
+def _lora_plan(
+    config: Any,
+    rank: int,
+    base_bytes: int,
+    *,
+    gpus: int,
+    checkpointing: bool,
+    micro_rows: int,
+    row_tokens: int,
+    logits_chunk: int,
+    response_tokens: int,
+    sequences: int,
+) -> MemoryPlan:
+    """:func:`plan` with rank-``rank`` adapters on a frozen base of ``base_bytes`` a
+    parameter (4: bf16-mixed; 2: ``train.precision bf16``). LoRA runs under DDP (every GPU
+    holds the same), so ``gpus`` changes nothing per GPU; the reference is the base with
+    the adapters off (0 bytes); no replica. Rollout with the HF sampler: the base, autocast's
+    bf16 copy of an fp32 base (2 bytes a parameter; none for a bf16 base), the adapters and
+    their moments, the KV cache; beside vLLM: the base, the adapters and their moments."""
+    if base_bytes not in (2, 4):
+        raise ValueError(f"base_bytes must be 2 (bf16) or 4 (fp32), got {base_bytes}")
+    n, a = parameter_count(config), lora_parameter_count(config, rank)
+    states = base_bytes * n + 16 * a
+    tokens = micro_rows * row_tokens
+    per_token = activation_bytes_per_token(config, checkpointing=checkpointing, lora_rank=rank)
+    acts = tokens * per_token
+    head = head_bytes(config, micro_rows, min(response_tokens, row_tokens), logits_chunk)
+    kv = sequences * row_tokens * kv_cache_bytes_per_token(config)
+    resident = base_bytes * n + 12 * a
+    cast = 2 * n if base_bytes == 4 else 0
+    return MemoryPlan(
+        params_b=n / 1e9,
+        states_gb=states / GB,
+        ref_gb=0.0,
+        activations_gb=acts / GB,
+        head_gb=head / GB,
+        update_gb=(states + acts + head) / GB,
+        rollout_gb=(resident + cast + kv) / GB,
+        engine=engine_memory(config, rows=sequences, context_tokens=row_tokens),
+        resident_gb=resident / GB,
+        replica_gb=0.0,
+        trainable_b=a / 1e9,
     )

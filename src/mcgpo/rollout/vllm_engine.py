@@ -54,6 +54,11 @@ Weight sync (:meth:`VLLMEngine.update_weights`):
   freed, nothing copied to the host); the sync wakes the weights, loads them, frees the
   trainer's cached blocks (``torch.cuda.empty_cache``), then wakes the KV cache.
 
+- a LoRA policy (``train.lora_rank``) is served merged: the parameters taken are
+  :func:`mcgpo.policy.full_parameters`, which for adapters are ``W + (alpha / r) B A``
+  under the base model's names (:func:`mcgpo.policy.lora.merged_parameters`), so vLLM
+  sees a plain model of the base's class, through either path.
+
 then two fixes, each with a switch that the tests turn off to show that it is needed:
 
 - ``reset_prefix_cache``: the prefix cache keeps the KV of prompts computed with the old

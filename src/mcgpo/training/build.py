@@ -25,6 +25,7 @@ __all__ = [
     "rollout_seed",
     "tiny_corpus",
     "typed_env_options",
+    "wrap_lora",
 ]
 
 
@@ -136,3 +137,20 @@ def build_optimizer(model: Any, lr: float, weight_decay: float) -> torch.optim.O
     """AdamW over the trainable parameters (decay on all of them, as verl's FSDP actor)."""
     params = [p for p in model.parameters() if p.requires_grad]
     return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+
+
+def wrap_lora(cfg: RunConfig, model: Any, base_path: str | Path | None) -> Any:
+    """``model`` with ``train.lora_*`` adapters (:func:`mcgpo.policy.lora.add_lora`, drawn
+    from ``cfg.seed``); ``base_path``: the base model's folder, named in the adapter folder.
+    Targets that match no module, or a model PEFT cannot wrap, are a ConfigError."""
+    from mcgpo.policy.lora import LoraError, add_lora
+
+    train = cfg.train
+    try:
+        return add_lora(
+            model, rank=train.lora_rank, alpha=train.lora_alpha, dropout=train.lora_dropout,
+            targets=train.lora_targets, seed=cfg.seed,
+            base_path=str(Path(base_path).resolve()) if base_path is not None else None,
+        )  # fmt: skip
+    except LoraError as err:
+        raise ConfigError(f"train.lora_targets {train.lora_targets!r}: {err}") from None

@@ -2,7 +2,8 @@
 
 Layout inside a run folder::
 
-    checkpoints/update-000004/model/       save_pretrained (weights + tokenizer)
+    checkpoints/update-000004/model/       save_pretrained (weights + tokenizer); with LoRA
+                                           the PEFT adapter folder (mcgpo.policy.lora)
     checkpoints/update-000004/trainer.pt   optimiser state, RNG states, counters
                                            (FSDP2: the full state gathered to rank 0)
     checkpoints/latest                     the name of the newest complete checkpoint
@@ -121,8 +122,13 @@ def save_checkpoint(
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()
-    model.save_pretrained(tmp / "model", state_dict=model_state)
-    tokenizer.save_pretrained(tmp / "model")
+    from mcgpo.policy.lora import has_lora, save_adapter
+
+    if has_lora(model):  # LoRA: the adapters only (the base is the run's --model)
+        save_adapter(model, tokenizer, tmp / "model")
+    else:
+        model.save_pretrained(tmp / "model", state_dict=model_state)
+        tokenizer.save_pretrained(tmp / "model")
     payload = {
         "update": update,
         "task_cursor": task_cursor,

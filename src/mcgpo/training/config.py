@@ -263,6 +263,19 @@ class TrainConfig:
         "compiled decoder layers for the update's forwards: true, false, or auto (true on "
         "CUDA only); docs/reference/gpu.md 'Compiled layers'",
     )
+    lora_rank: int = _opt(
+        0, "LoRA adapters of this rank on the policy (PEFT; docs/lora.md); 0 = full fine-tuning"
+    )
+    lora_alpha: float = _opt(16.0, "LoRA scale numerator: adapters add (alpha / rank) B A")
+    lora_dropout: float = _opt(0.0, "dropout on the LoRA adapters' input, in [0, 1)")
+    lora_targets: str = _opt(
+        "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj",
+        "modules that get adapters: comma-separated names (attention and MLP projections by "
+        "default) or all-linear",
+    )
+    lora_merge: bool = _opt(
+        False, "LoRA: also write the final policy merged, a plain model folder <out>/merged"
+    )
     pair_probe: bool = _opt(
         False,
         "MCGPO diagnostics: the task and pair terms' gradient norms on each update's first "
@@ -310,6 +323,7 @@ class TrainConfig:
             self.rollout_correction_level,
             ROLLOUT_CORRECTION_LEVELS,
         )
+        self.check_lora()
         cap = self.rollout_correction_cap
         if not 1 < cap < float("inf"):
             raise ConfigError(f"train.rollout_correction_cap must be > 1 and finite, got {cap}")
@@ -326,6 +340,24 @@ class TrainConfig:
                 f"training forward (train.old_logprobs recompute or auto): with pi_old from "
                 f"the sampler every ratio pi_old / sampler is 1"
             )
+
+    def check_lora(self) -> None:
+        """LoRA options: a rank >= 0; the others only with a rank (a LoRA option set at
+        rank 0, full fine-tuning, would be silently ignored)."""
+        _at_least("train.lora_rank", self.lora_rank, 0)
+        if self.lora_rank == 0:
+            for name in ("lora_alpha", "lora_dropout", "lora_targets", "lora_merge"):
+                if getattr(self, name) != getattr(TrainConfig, name):
+                    raise ConfigError(
+                        f"train.{name} is set but train.lora_rank is 0 (full fine-tuning); "
+                        f"set train.lora_rank >= 1"
+                    )
+            return
+        _positive("train.lora_alpha", self.lora_alpha)
+        if not 0 <= self.lora_dropout < 1:
+            raise ConfigError(f"train.lora_dropout must be in [0, 1), got {self.lora_dropout}")
+        if not any(t.strip() for t in self.lora_targets.split(",")):
+            raise ConfigError("train.lora_targets is empty")
 
     def recompute_old(self) -> bool:
         """Whether pi_old comes from a training forward (``old_logprobs``, auto resolved:

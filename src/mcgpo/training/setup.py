@@ -30,12 +30,14 @@ from typing import Any
 
 import torch
 
+from mcgpo.policy.lora import AdaptersOff
 from mcgpo.training.build import (
     build_optimizer,
     env_factory,
     load_model,
     response_format_for,
     typed_env_options,
+    wrap_lora,
 )
 from mcgpo.training.checkpoint import (
     Checkpoint,
@@ -85,7 +87,9 @@ class RunSetup:
 class Run(RunSetup):
     """What the training loop works with. ``updates_done`` and ``task_cursor`` advance."""
 
-    ref_model: Any  # frozen initial policy for the KL term (None when kl_coef == 0)
+    # frozen initial policy for the KL term (None when kl_coef == 0; with LoRA the policy
+    # itself with its adapters off, mcgpo.policy.lora.AdaptersOff)
+    ref_model: Any
     optimizer: torch.optim.Optimizer
     sinks: MetricSinks | SilentSinks  # SilentSinks on ranks other than 0
     updates_done: int  # updates completed
@@ -170,8 +174,13 @@ def setup_run(cfg: RunConfig, command: str = "", world: World = SINGLE) -> Run:
             cfg.train, rollout_correction=cfg.train.correction(cfg.rollout.engine)
         )
         cfg = setup.cfg = dataclasses.replace(cfg, train=train)
+    lora = cfg.train.lora_rank > 0
+    if lora:  # adapters on the base, which stays frozen (mcgpo.policy.lora)
+        model = _with_lora(setup, world)
     ref_model = None
-    if cfg.train.kl_coef > 0:  # the initial policy, also when resuming
+    if cfg.train.kl_coef > 0 and lora:  # the base: adapters off, no second copy
+        ref_model = AdaptersOff(model)
+    elif cfg.train.kl_coef > 0:  # the initial policy, also when resuming
         ref_model = copy.deepcopy(model).eval().requires_grad_(False)
         ref_model = distributed_reference(
             ref_model, cfg.train.sharding, world, cfg.train.precision
@@ -179,7 +188,8 @@ def setup_run(cfg: RunConfig, command: str = "", world: World = SINGLE) -> Run:
     updates_done, cursor = 0, cfg.seed * 1_000_000
     state, notes, pending = None, [], []
     if cfg.resume:
-        state, model, pending, notes = _usable_checkpoint(cfg, setup.folder, world)
+        lora_model = model if lora else None  # LoRA: the checkpoint holds the adapters only
+        state, model, pending, notes = _usable_checkpoint(cfg, setup.folder, world, lora_model)
         updates_done, cursor = state.update, state.task_cursor
     if cfg.train.gradient_checkpointing:
         model.gradient_checkpointing_enable()
@@ -223,17 +233,53 @@ def setup_run(cfg: RunConfig, command: str = "", world: World = SINGLE) -> Run:
     )
 
 
+def _with_lora(setup: RunSetup, world: World) -> Any:
+    """``setup.model`` with the run's LoRA adapters (``train.lora_*``). The adapter folders
+    name their base model's folder: ``--model``'s, or for the tiny model (built, not
+    loaded) ``<out>/base``, which rank 0 writes once."""
+    from mcgpo.policy import save_policy
+
+    cfg = setup.cfg
+    replica = cfg.train.keep_replica(cfg.rollout.engine)
+    if world.size > 1 and cfg.train.sharding == "fsdp2" and not replica:
+        raise ConfigError(
+            "train.lora_rank with train.sharding fsdp2 needs train.fsdp_replica true (the "
+            "reference runs on the replica with its adapters off); or use ddp"
+        )
+    base: Path | str = cfg.model
+    if cfg.model == "tiny":
+        base = setup.folder / "base"
+        if world.main and not (base / "config.json").is_file():
+            save_policy(setup.model, setup.tokenizer, base)
+        barrier(world)
+    return wrap_lora(cfg, setup.model, base)
+
+
+def _load_adapters(model: Any, path: Path) -> None:
+    from mcgpo.policy.lora import LoraError, load_adapter_state
+
+    try:
+        load_adapter_state(model, path)
+    except LoraError as err:
+        raise ConfigError(f"resume: {err}") from None
+
+
 def _usable_checkpoint(
-    cfg: RunConfig, folder: Path, world: World
+    cfg: RunConfig, folder: Path, world: World, lora_model: Any = None
 ) -> tuple[Checkpoint, Any, list[Batch], list[str]]:
     """The newest kept checkpoint that loads (its trainer state, model and this rank's
     pending batches), and a note for each newer one passed over as damaged; a ConfigError
-    naming them if none loads."""
+    naming them if none loads. ``lora_model``: the run's LoRA policy, whose adapters are
+    set from the checkpoint (its model folder holds them only) and which is returned."""
     notes: list[str] = []
     for path in kept_checkpoints(folder):
         try:
             state = load_checkpoint(path)
-            model, _ = load_model(cfg, state.model_path)
+            if lora_model is not None:
+                _load_adapters(lora_model, state.model_path)
+                model = lora_model
+            else:
+                model, _ = load_model(cfg, state.model_path)
             pending = read_pending(state.path, cfg.train.async_lag, world.rank, world.size)
         except (CheckpointError, ConfigError) as err:
             notes.append(str(err))

@@ -308,10 +308,15 @@ def _write_checkpoint(
 
 def _save_final_model(run: Run, weights: dict[str, Any] | None) -> None:
     """The trained policy in ``<out>/model`` (a ``--model`` folder for eval or more training);
-    ``weights``: a sharded policy's, gathered (:func:`full_model_state`)."""
+    ``weights``: a sharded policy's, gathered (:func:`full_model_state`). LoRA: a PEFT
+    adapter folder, and with ``train.lora_merge`` the merged model in ``<out>/merged``."""
     from mcgpo.policy import save_policy
 
     save_policy(run.model, run.tokenizer, run.folder / "model", state_dict=weights)
+    if run.cfg.train.lora_merge:
+        from mcgpo.policy.lora import merged_model
+
+        save_policy(merged_model(run.model), run.tokenizer, run.folder / "merged")
 
 
 def _save_rollouts(run: Run, update: int, rollout: Rollout, credit: Credit) -> None:

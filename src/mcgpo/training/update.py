@@ -66,6 +66,7 @@ import torch
 from mcgpo.objectives import pair_loss, response_log_ratio, task_loss
 from mcgpo.policy.compile import compile_enabled, compile_stats, compiled_graphs
 from mcgpo.policy.logprobs import token_log_probs, token_log_probs_and_entropy
+from mcgpo.policy.lora import reference_forward
 from mcgpo.policy.precision import compute
 from mcgpo.rollout.tokens import TokenBatch
 from mcgpo.training.config import TrainConfig
@@ -318,9 +319,9 @@ def _micro_step(
             chunk_size=chunk, positions=mask, compile_layers=layers,
         )  # fmt: skip
         if cfg.kl_coef > 0:
-            with torch.no_grad():
+            with torch.no_grad(), reference_forward(ref_model) as reference:  # LoRA: adapters off
                 ref = token_log_probs(
-                    ref_model, mb.input_ids, mb.attention_mask, chunk_size=chunk,
+                    reference, mb.input_ids, mb.attention_mask, chunk_size=chunk,
                     positions=mask, compile_layers=layers,
                 )  # fmt: skip
     if probe is not None:

@@ -1,0 +1,251 @@
+"""LoRA adapters on any policy mcgpo loads, through PEFT: wrap, reference, save, merge.
+
+:func:`add_lora` injects PEFT's LoRA layers in place (``peft.inject_adapter_in_model``): the
+model keeps its own class (``Qwen2ForCausalLM`` …), so everything that reads it (the
+log-prob paths' ``model.base_model`` and head, gradient checkpointing, compiled layers, DDP)
+works unchanged; the base weights are frozen and only the adapters train. Each adapted
+linear layer computes ``W x + (alpha / r) B A x`` with ``A`` random (Kaiming-uniform, PEFT's
+default, drawn under a forked RNG seeded by the run's seed, so the caller's RNG is
+untouched) and ``B = 0``: the first forward equals the base model's exactly (tested).
+The adapters are float32 whatever the base's dtype (PEFT's ``get_peft_model`` default,
+``autocast_adapter_dtype``): with ``train.precision bf16`` the frozen base is bf16 (2 bytes
+a parameter) while the adapters and their AdamW moments stay float32, so the small LoRA
+updates are not rounded away on a bf16 grid.
+
+The KL reference is the same weights with the adapters switched off (:class:`AdaptersOff`,
+read through :func:`reference_forward`): ``W x`` exactly, the initial policy, with no
+second copy of the model (the memory plan counts it so). LoRA dropout, when set, acts on
+the adapters' input only; with the adapters off it has no effect.
+
+The adapter folder is PEFT's format: ``adapter_config.json`` (the LoRA options and
+``base_model_name_or_path``, the base model's folder) and ``adapter_model.safetensors``
+(keys ``base_model.model.<module>.lora_A.weight`` …), plus the tokenizer; PEFT's
+``PeftModel.from_pretrained(base, folder)`` loads it, and so does
+:func:`mcgpo.policy.load_policy` (merged, a plain model). :func:`merged_parameters` gives the
+merged weights ``W + (alpha / r) B A`` under the base model's names, one at a time (what a
+vLLM engine syncs); :func:`merged_model` a plain model with those weights (the merged
+folder any tool loads).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = [
+    "ADAPTER_CONFIG",
+    "AdaptersOff",
+    "LoraError",
+    "adapter_state",
+    "add_lora",
+    "has_lora",
+    "is_adapter_folder",
+    "load_adapter_state",
+    "merged_model",
+    "merged_parameters",
+    "reference_forward",
+    "save_adapter",
+    "trainable_count",
+]
+
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+ADAPTER = "default"  # PEFT's adapter name; one adapter per policy
+
+
+class LoraError(ValueError):
+    """The model cannot be wrapped as asked; the message is one line."""
+
+
+def add_lora(
+    model: Any,
+    *,
+    rank: int,
+    alpha: float,
+    dropout: float,
+    targets: str,
+    seed: int,
+    base_path: str | None = None,
+) -> Any:
+    """Inject LoRA adapters into ``model`` in place and freeze its base weights; returns it.
+
+    ``targets``: comma-separated module names (suffixes, as PEFT matches them) or
+    ``all-linear`` (``train.lora_targets``; its default: the attention and MLP
+    projections). ``seed`` draws the ``A`` matrices. ``base_path``: the base model's folder, written into the adapter
+    folder's ``adapter_config.json``. Raises :class:`LoraError` when no module matches or
+    PEFT cannot wrap a matched module.
+    """
+    from peft import LoraConfig, inject_adapter_in_model
+    from peft.tuners.tuners_utils import cast_adapter_dtype
+
+    if rank < 1:
+        raise LoraError(f"LoRA rank must be >= 1, got {rank}")
+    names = [t.strip() for t in targets.split(",") if t.strip()]
+    if not names:
+        raise LoraError("LoRA targets are empty")
+    config = LoraConfig(
+        r=rank,
+        lora_alpha=alpha,
+        lora_dropout=dropout,
+        target_modules=names[0] if names == ["all-linear"] else names,
+        task_type="CAUSAL_LM",
+        base_model_name_or_path=base_path,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        try:
+            inject_adapter_in_model(config, model, adapter_name=ADAPTER)
+            cast_adapter_dtype(model, ADAPTER)  # float32 adapters on a bf16 base, as PEFT's
+        except (ValueError, TypeError, KeyError) as err:
+            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise LoraError(f"PEFT cannot wrap {type(model).__name__}: {first}") from None
+    model._mcgpo_lora_config = config  # what save_adapter writes
+    return model
+
+
+def has_lora(model: Any) -> bool:
+    """Whether ``model`` carries adapters injected by :func:`add_lora`."""
+    return getattr(model, "_mcgpo_lora_config", None) is not None
+
+
+def trainable_count(model: Any) -> int:
+    """Parameters that train (the adapters' with LoRA, all of them without)."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def _tuner_layers(model: Any) -> Iterator[tuple[str, Any]]:
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    for name, module in model.named_modules():
+        if isinstance(module, BaseTunerLayer):
+            yield name, module
+
+
+@dataclass(frozen=True)
+class AdaptersOff:
+    """The KL reference of a LoRA policy: ``policy`` with its adapters switched off (the
+    base model, i.e. the initial policy) — the same weights, not a copy."""
+
+    policy: Any
+
+
+@contextmanager
+def reference_forward(reference: Any) -> Iterator[Any]:
+    """The module to run the reference forward on: ``reference`` itself (a frozen copy), or
+    for :class:`AdaptersOff` its policy with the adapters disabled until the block ends."""
+    if not isinstance(reference, AdaptersOff):
+        yield reference
+        return
+    layers = [module for _, module in _tuner_layers(reference.policy)]
+    for module in layers:
+        module.enable_adapters(False)
+    try:
+        yield reference.policy
+    finally:
+        for module in layers:
+            module.enable_adapters(True)
+
+
+def adapter_state(model: Any) -> dict[str, torch.Tensor]:
+    """The adapters' weights by PEFT's names (``<module>.lora_A.weight`` …), on the CPU."""
+    from peft import get_peft_model_state_dict
+
+    state = get_peft_model_state_dict(model, adapter_name=ADAPTER)
+    return {k: v.detach().cpu().contiguous() for k, v in state.items()}
+
+
+def save_adapter(model: Any, tokenizer: Any, path: str | Path) -> Path:
+    """Write ``model``'s adapters as a PEFT adapter folder (module docstring), and the
+    tokenizer; returns the folder."""
+    from safetensors.torch import save_file
+
+    folder = Path(path)
+    folder.mkdir(parents=True, exist_ok=True)
+    model._mcgpo_lora_config.save_pretrained(str(folder))
+    weights = {f"base_model.model.{k}": v for k, v in adapter_state(model).items()}
+    save_file(weights, str(folder / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+    if tokenizer is not None:
+        tokenizer.save_pretrained(folder)
+    return folder
+
+
+def is_adapter_folder(path: str | Path) -> bool:
+    """Whether ``path`` is a PEFT adapter folder (it has ``adapter_config.json``)."""
+    return (Path(path) / ADAPTER_CONFIG).is_file()
+
+
+def adapter_base(path: str | Path) -> str | None:
+    """The base model's folder named by an adapter folder's config (None if unnamed)."""
+    config = json.loads((Path(path) / ADAPTER_CONFIG).read_text())
+    return config.get("base_model_name_or_path") or None
+
+
+def load_adapter_state(model: Any, path: str | Path) -> None:
+    """Set ``model``'s adapters (:func:`add_lora` with the same options) from an adapter
+    folder written by :func:`save_adapter`; every adapter weight must be there."""
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    prefix = "base_model.model."
+    saved = load_file(str(Path(path) / ADAPTER_WEIGHTS))
+    state = {k.removeprefix(prefix): v for k, v in saved.items()}
+    expected = set(adapter_state(model))
+    if set(state) != expected:
+        missing = sorted(expected - set(state))[:1] or sorted(set(state) - expected)[:1]
+        raise LoraError(
+            f"adapter folder {str(path)!r} does not match the policy's adapters ({missing[0]})"
+        )
+    result = set_peft_model_state_dict(model, state, adapter_name=ADAPTER)
+    unexpected = getattr(result, "unexpected_keys", None)
+    if unexpected:
+        raise LoraError(f"adapter folder {str(path)!r}: unexpected weight {unexpected[0]}")
+
+
+def _delta(module: Any) -> torch.Tensor:
+    """``(alpha / r) B A`` of one adapted layer, in its base weight's shape and dtype."""
+    return module.get_delta_weight(ADAPTER)
+
+
+def merged_parameters(model: Any) -> Iterator[tuple[str, torch.Tensor]]:
+    """``model``'s parameters under the base model's names, whole and detached, the
+    adapted layers' weights merged (``W + (alpha / r) B A``): what the base model class
+    loads. Without adapters, ``named_parameters`` as it is. One merged tensor at a time."""
+    if not has_lora(model):
+        for name, param in model.named_parameters():
+            yield name, param.detach()
+        return
+    adapted = dict(_tuner_layers(model))
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if ".lora_" in name:
+                continue
+            owner, _, leaf = name.rpartition(".")
+            base = owner.removesuffix(".base_layer")
+            if owner.endswith(".base_layer") and base in adapted and leaf == "weight":
+                module = adapted[base]
+                yield f"{base}.weight", (param + _delta(module).to(param.dtype)).detach()
+            else:
+                yield name.replace(".base_layer.", "."), param.detach()
+
+
+def merged_model(model: Any) -> Any:
+    """A plain copy of ``model`` (its own class, no adapter layers) whose weights are the
+    merged ones (:func:`merged_parameters`); ``model`` itself is unchanged."""
+    plain = copy.deepcopy(model)
+    with torch.no_grad():
+        for name, module in list(_tuner_layers(plain)):
+            module.merge(adapter_names=[ADAPTER])
+            parent_name, _, child = name.rpartition(".")
+            parent = plain.get_submodule(parent_name) if parent_name else plain
+            setattr(parent, child, module.get_base_layer())
+    if hasattr(plain, "_mcgpo_lora_config"):
+        del plain._mcgpo_lora_config
+    plain.requires_grad_(True)
+    return plain

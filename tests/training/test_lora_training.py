@@ -1,0 +1,193 @@
+"""LoRA runs of the real CLI (train.lora_rank): the adapter folder and the merged model,
+exact resume, DDP = one process, and bad LoRA options as one line, exit 2."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from ranks import launch
+from safetensors.torch import load_file
+
+pytest.importorskip("peft")  # the lora extra
+
+from mcgpo.cli import main
+from mcgpo.policy import load_policy
+from mcgpo.training.checkpoint import latest_checkpoint, load_checkpoint
+
+LORA = ("--train.lora_rank", "4", "--train.lora_alpha", "8")
+GREEDY = ("--rollout.temperature", "0.001", "--eval.temperature", "0.001")
+
+
+def adapters(folder):
+    return load_file(str(folder / "adapter_model.safetensors"))
+
+
+@pytest.mark.slow
+def test_lora_run_leaves_an_adapter_folder_and_a_merged_model(smoke_args, micro_model, tmp_path):
+    out = tmp_path / "run"
+    assert main(smoke_args(out, *LORA, "--train.lora_merge", "true")) == 0
+    config = json.loads((out / "model" / "adapter_config.json").read_text())
+    assert config["r"] == 4 and config["lora_alpha"] == 8.0
+    assert config["base_model_name_or_path"] == str(micro_model.resolve())
+    weights = adapters(out / "model")
+    # 1 layer x 7 projections x (A, B); every B moved away from its initial 0
+    assert len(weights) == 14
+    assert all(w.abs().max() > 0 for k, w in weights.items() if "lora_B" in k)
+    assert not (out / "model" / "model.safetensors").exists()  # adapters only
+    ckpt = latest_checkpoint(out)
+    assert (ckpt / "model" / "adapter_config.json").is_file()
+    # the merged folder is a plain model, equal to the adapter folder merged by PEFT
+    merged, _ = load_policy(out / "merged")
+    via_peft, _ = load_policy(out / "model")
+    for (name, a), (_, b) in zip(merged.named_parameters(), via_peft.named_parameters()):
+        assert torch.equal(a, b), name
+    base, _ = load_policy(micro_model)
+    q = "model.layers.0.self_attn.q_proj.weight"
+    assert not torch.equal(dict(merged.named_parameters())[q], dict(base.named_parameters())[q])
+    # a LoRA run's model folder is a --model for evaluation
+    assert main(["eval", "--model", str(out / "model"), "--env.max_turns", "2",
+                 "--eval.tasks", "1", "--out", str(tmp_path / "eval")]) == 0  # fmt: skip
+
+
+@pytest.mark.slow
+def test_lora_resume_after_sigkill_equals_the_uninterrupted_run(smoke_args, tmp_path):
+    """A run SIGKILLed once its first checkpoint (adapters, AdamW, RNG, cursor) is written,
+    then resumed, ends with the uninterrupted run's adapters and optimiser state, bit for
+    bit (--deterministic, one thread; as tests/training/test_resume.py for full weights)."""
+    whole, parts = tmp_path / "whole", tmp_path / "parts"
+    args = (*LORA, "--deterministic", "--threads", "1", "--train.updates", "3")
+    assert main(smoke_args(whole, *args)) == 0
+    _killed_after_first_checkpoint(smoke_args(parts, *args))
+    assert not (parts / "model").exists()  # it did not finish
+    assert main(smoke_args(parts, *args, "--resume")) == 0
+    a, b = adapters(whole / "model"), adapters(parts / "model")
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+    sa, sb = (load_checkpoint(latest_checkpoint(f)) for f in (whole, parts))
+    assert sa.update == sb.update == 3
+    assert len(sa.optimizer["state"]) == 14  # AdamW holds the adapters' moments only
+    for x, y in zip(sa.optimizer["state"].values(), sb.optimizer["state"].values()):
+        assert torch.equal(x["exp_avg"], y["exp_avg"]) and torch.equal(
+            x["exp_avg_sq"], y["exp_avg_sq"]
+        )
+
+
+def _killed_after_first_checkpoint(args: list[str]) -> None:
+    """``python -m mcgpo ARGS`` in its own process group, SIGKILLed once a checkpoint is
+    complete (``checkpoints/latest`` written)."""
+    out = Path(args[args.index("--out") + 1])
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2] / "src")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mcgpo", *args], env=env, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    latest = out / "checkpoints" / "latest"
+    deadline = time.monotonic() + 600
+    try:
+        while time.monotonic() < deadline and proc.poll() is None:
+            if latest.is_file() and latest.read_text().strip():
+                break
+            time.sleep(0.05)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+    assert latest.is_file(), "the run wrote no checkpoint before it was killed"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sharding", ["ddp", "fsdp2"])
+def test_lora_on_two_processes_trains_as_one(smoke_args, tmp_path, sharding):
+    """DDP and FSDP2 reduce the gradients of parameters that require them, the adapters'
+    only; 2 gloo ranks end with the single process's adapters up to the float rounding of
+    the gradient sums' order (tests/training/test_distributed.py: about 1e-7; FSDP2 with
+    its replica, on which the adapters-off reference runs: measured 1.2e-6)."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    assert main(smoke_args(one, *LORA, *GREEDY)) == 0
+    launch(smoke_args(two, *LORA, *GREEDY, "--nproc", "2", "--train.sharding", sharding))
+    a, b = adapters(one / "model"), adapters(two / "model")
+    assert a.keys() == b.keys()
+    assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-5
+    assert max(float(a[k].abs().max()) for k in a if "lora_B" in k) > 1e-4  # they trained
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (("--train.lora_alpha", "8"),
+         "train.lora_alpha is set but train.lora_rank is 0 (full fine-tuning); "
+         "set train.lora_rank >= 1"),
+        (("--train.lora_rank", "-1"), "train.lora_rank must be >= 0, got -1"),
+        (("--train.lora_rank", "4", "--train.lora_dropout", "1"),
+         "train.lora_dropout must be in [0, 1), got 1.0"),
+        (("--train.lora_rank", "4", "--train.lora_targets", "nope_proj"),
+         "train.lora_targets 'nope_proj': PEFT cannot wrap Qwen2ForCausalLM: Target modules "
+         "{'nope_proj'} not found in the base model. Please check the target modules and try "
+         "again."),
+        (("--train.lora_rank", "4", "--train.lora_targets", "input_layernorm"),
+         "train.lora_targets 'input_layernorm': PEFT cannot wrap Qwen2ForCausalLM: "),
+    ],
+)  # fmt: skip
+def test_bad_lora_options_are_one_line_exit_2(smoke_args, tmp_path, capsys, extra, message):
+    assert main(smoke_args(tmp_path / "run", *extra)) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.startswith(f"mcgpo train: error: {message}"), err
+
+
+def test_lora_with_fsdp2_without_a_replica_is_refused_in_one_line():
+    # the adapters-off reference runs on FSDP2's full replica: without one (vLLM's
+    # default, train.fsdp_replica auto) LoRA is refused before any sharding or wrapping
+    import dataclasses
+
+    from mcgpo.training.config import ConfigError, RunConfig
+    from mcgpo.training.setup import RunSetup, _with_lora
+    from mcgpo.training.world import World
+
+    cfg = RunConfig()
+    cfg = dataclasses.replace(
+        cfg, train=dataclasses.replace(cfg.train, lora_rank=4, sharding="fsdp2",
+                                       fsdp_replica="false")
+    )  # fmt: skip
+    setup = RunSetup(cfg=cfg, folder=Path("."), make_env=lambda: None, model=None,
+                     tokenizer=None, response_format="action")  # fmt: skip
+    with pytest.raises(ConfigError) as err:
+        _with_lora(setup, World(rank=0, size=2))
+    assert str(err.value) == (
+        "train.lora_rank with train.sharding fsdp2 needs train.fsdp_replica true (the "
+        "reference runs on the replica with its adapters off); or use ddp"
+    )
+
+
+@pytest.mark.slow
+def test_lora_fsdp2_resume_equals_the_uninterrupted_run(smoke_args, tmp_path):
+    """FSDP2 on 2 ranks with adapters: the checkpoint holds the adapters and the AdamW
+    state gathered from the shards; stopped after update 1 and resumed equals the
+    uninterrupted run (within float rounding, as test_distributed.py's resume: 1e-6)."""
+    whole, split = tmp_path / "whole", tmp_path / "split"
+    extra = (*LORA, *GREEDY, "--nproc", "2", "--train.sharding", "fsdp2")
+    launch(smoke_args(whole, *extra))
+    launch(smoke_args(split, *extra, "--train.updates", "1"))
+    launch(smoke_args(split, *extra, "--resume"))
+    a, b = adapters(whole / "model"), adapters(split / "model")
+    assert a.keys() == b.keys()
+    assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-6
+
+
+@pytest.mark.slow
+def test_lora_with_a_fixed_rollout_lag_trains_the_adapters(smoke_args, tmp_path):
+    # train.async_lag 1: the producer samples on a copy of the LoRA policy that follows
+    # the steps (its state dict: base and adapters); the run ends with trained adapters
+    out = tmp_path / "run"
+    assert main(smoke_args(out, *LORA, "--train.async_lag", "1")) == 0
+    weights = adapters(out / "model")
+    assert len(weights) == 14
+    assert all(w.abs().max() > 0 for k, w in weights.items() if "lora_B" in k)

@@ -389,11 +389,12 @@ def _run(command: str, cfg: RunConfig, command_line: str) -> int:
 
     hf_logging.disable_progress_bar()  # "Writing model shards" bars at every checkpoint
     if command == "train":
+        from mcgpo.training.pipeline import RolloutProducerError
         from mcgpo.training.trainer import TrainingStopped, train
 
         try:
             summary = train(cfg, command=command_line)
-        except TrainingStopped as err:  # the environment failed: one line, exit 1
+        except (TrainingStopped, RolloutProducerError) as err:  # one line, exit 1
             print(f"mcgpo train: error: {err}", file=sys.stderr)
             return 1
     elif command == "sft":

@@ -250,6 +250,28 @@ def test_a_producer_failure_reaches_the_learner_as_one_line(smoke_args, tmp_path
 
 
 @pytest.mark.slow
+def test_a_producer_failure_is_one_line_and_exit_1_on_the_cli(
+    smoke_args, tmp_path, monkeypatch, capsys
+):
+    real = pipeline.collect_batch
+
+    def failing(run, model, number, cursor, **kwargs):
+        if number == 2:
+            raise OSError("environment server went away\nsecond line")
+        return real(run, model, number, cursor, **kwargs)
+
+    monkeypatch.setattr(pipeline, "collect_batch", failing)
+    args = smoke_args(tmp_path / "r", "--train.async_lag", "1", "--train.updates", "3")
+    assert main(args) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == (
+        "mcgpo train: error: rollout producer failed on batch 2: OSError: environment "
+        "server went away"
+    )
+    assert not any("Traceback" in line for line in err)
+
+
+@pytest.mark.slow
 def test_overlapped_environment_steps_train_as_the_sequential_run(run, tmp_path):
     """rollout.overlap_env with k = 1: every update's rows and responses are the sequential
     rollout's; the weights agree to float rounding (rows decoded in other company give

@@ -153,23 +153,36 @@ def reference_forward(reference: Any) -> Iterator[Any]:
             module.enable_adapters(True)
 
 
+def _whole(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` whole: an FSDP2 shard (DTensor) all-gathered (a collective), else itself."""
+    from torch.distributed.tensor import DTensor
+
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+
+
 def adapter_state(model: Any) -> dict[str, torch.Tensor]:
-    """The adapters' weights by PEFT's names (``<module>.lora_A.weight`` …), on the CPU."""
+    """The adapters' weights by PEFT's names (``<module>.lora_A.weight`` …), on the CPU,
+    whole: with the policy sharded in place (FSDP2) each is all-gathered, so this is then a
+    collective (every rank calls it and gets them all)."""
     from peft import get_peft_model_state_dict
 
     state = get_peft_model_state_dict(model, adapter_name=ADAPTER)
-    return {k: v.detach().cpu().contiguous() for k, v in state.items()}
+    return {k: _whole(v.detach()).cpu().contiguous() for k, v in state.items()}
 
 
-def save_adapter(model: Any, tokenizer: Any, path: str | Path) -> Path:
+def save_adapter(
+    model: Any, tokenizer: Any, path: str | Path, state: dict[str, torch.Tensor] | None = None
+) -> Path:
     """Write ``model``'s adapters as a PEFT adapter folder (module docstring), and the
-    tokenizer; returns the folder."""
+    tokenizer; returns the folder. ``state``: the adapters' weights already gathered
+    (:func:`adapter_state`, a sharded policy's), else read from ``model``."""
     from safetensors.torch import save_file
 
     folder = Path(path)
     folder.mkdir(parents=True, exist_ok=True)
     model._mcgpo_lora_config.save_pretrained(str(folder))
-    weights = {f"base_model.model.{k}": v for k, v in adapter_state(model).items()}
+    state = adapter_state(model) if state is None else state
+    weights = {f"base_model.model.{k}": v for k, v in state.items()}
     save_file(weights, str(folder / ADAPTER_WEIGHTS), metadata={"format": "pt"})
     if tokenizer is not None:
         tokenizer.save_pretrained(folder)
@@ -209,14 +222,32 @@ def load_adapter_state(model: Any, path: str | Path) -> None:
 
 
 def _delta(module: Any) -> torch.Tensor:
-    """``(alpha / r) B A`` of one adapted layer, in its base weight's shape and dtype."""
-    return module.get_delta_weight(ADAPTER)
+    """``(alpha / r) B A`` of one adapted layer, in its base weight's shape. PEFT's own
+    ``get_delta_weight``; for a layer whose adapters are FSDP2 shards (the policy sharded
+    in place) ``A`` and ``B`` are all-gathered first (a collective) and the product is the
+    same formula, PEFT's for a linear layer (``transpose(B A, fan_in_fan_out) * scaling``)."""
+    from peft.tuners.lora import Linear
+    from peft.utils.other import transpose
+    from torch.distributed.tensor import DTensor
+
+    a, b = module.lora_A[ADAPTER].weight, module.lora_B[ADAPTER].weight
+    if not isinstance(a, DTensor):
+        return module.get_delta_weight(ADAPTER)
+    if not isinstance(module, Linear):
+        raise LoraError(
+            f"merging sharded adapters of {type(module).__name__} layers is not supported "
+            "(linear layers only); use train.fsdp_replica true"
+        )
+    product = transpose(_whole(b) @ _whole(a), module.fan_in_fan_out)
+    return product * module.scaling[ADAPTER]
 
 
 def merged_parameters(model: Any) -> Iterator[tuple[str, torch.Tensor]]:
     """``model``'s parameters under the base model's names, whole and detached, the
     adapted layers' weights merged (``W + (alpha / r) B A``): what the base model class
-    loads. Without adapters, ``named_parameters`` as it is. One merged tensor at a time."""
+    loads. Without adapters, ``named_parameters`` as it is. One merged tensor at a time.
+    With the policy sharded in place (FSDP2) each is all-gathered first: a collective,
+    every rank iterates to the end in the same order."""
     if not has_lora(model):
         for name, param in model.named_parameters():
             yield name, param.detach()
@@ -230,9 +261,10 @@ def merged_parameters(model: Any) -> Iterator[tuple[str, torch.Tensor]]:
             base = owner.removesuffix(".base_layer")
             if owner.endswith(".base_layer") and base in adapted and leaf == "weight":
                 module = adapted[base]
-                yield f"{base}.weight", (param + _delta(module).to(param.dtype)).detach()
+                whole = _whole(param)
+                yield f"{base}.weight", (whole + _delta(module).to(whole.dtype)).detach()
             else:
-                yield name.replace(".base_layer.", "."), param.detach()
+                yield name.replace(".base_layer.", "."), _whole(param).detach()
 
 
 def merged_model(model: Any) -> Any:

@@ -164,6 +164,37 @@ def _no_replica(out: Path, args: list[str], weights: Path | None = None) -> None
     launch(args, path=(FAKE_ENGINE,), env=env)
 
 
+def test_non_linear_adapters_without_a_replica_are_refused_in_one_line(micro_model):
+    # sharded in place, the engine's merged weights are computed from the shards of linear
+    # layers only: an adapted embedding is refused at setup, before any sharding
+    import dataclasses
+
+    from mcgpo.training.config import ConfigError, RunConfig
+    from mcgpo.training.setup import RunSetup, _with_lora
+    from mcgpo.training.world import World
+
+    model, tokenizer = load_policy(micro_model)
+    cfg = RunConfig(model=str(micro_model))
+    train = dataclasses.replace(
+        cfg.train, lora_rank=4, lora_targets="q_proj,embed_tokens", sharding="fsdp2",
+        fsdp_replica="false",
+    )  # fmt: skip
+    setup = RunSetup(cfg=dataclasses.replace(cfg, train=train), folder=Path("."),
+                     make_env=lambda: None, model=model, tokenizer=tokenizer,
+                     response_format="action")  # fmt: skip
+    with pytest.raises(ConfigError) as err:
+        _with_lora(setup, World(rank=0, size=2))
+    assert str(err.value) == (
+        "train.lora_targets: model.embed_tokens is not a linear layer; with train.sharding "
+        "fsdp2 and train.fsdp_replica false (the default with vLLM) the adapters merge from "
+        "the shards for linear layers only: target linear layers or set "
+        "--train.fsdp_replica true"
+    )
+    # the same targets with the replica (or one process) are accepted
+    setup.model, _ = load_policy(micro_model)
+    assert _with_lora(setup, World(rank=0, size=1)) is setup.model
+
+
 @pytest.mark.slow
 def test_lora_fsdp2_without_a_replica_trains_as_one_and_syncs_merged_weights(smoke_args, tmp_path):
     """``train.fsdp_replica false`` (vLLM's default): the LoRA policy is sharded in place,

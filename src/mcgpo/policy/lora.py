@@ -50,6 +50,7 @@ __all__ = [
     "load_adapter_state",
     "merged_model",
     "merged_parameters",
+    "non_linear_adapters",
     "reference_forward",
     "save_adapter",
     "trainable_count",
@@ -219,6 +220,14 @@ def load_adapter_state(model: Any, path: str | Path) -> None:
     unexpected = getattr(result, "unexpected_keys", None)
     if unexpected:
         raise LoraError(f"adapter folder {str(path)!r}: unexpected weight {unexpected[0]}")
+
+
+def non_linear_adapters(model: Any) -> list[str]:
+    """The adapted modules of ``model`` that are not linear layers (an embedding …): their
+    merged weights cannot be computed from FSDP2 shards (:func:`merged_parameters`)."""
+    from peft.tuners.lora import Linear
+
+    return [name for name, module in _tuner_layers(model) if not isinstance(module, Linear)]
 
 
 def _delta(module: Any) -> torch.Tensor:

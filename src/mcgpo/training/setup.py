@@ -251,7 +251,20 @@ def _with_lora(setup: RunSetup, world: World) -> Any:
         if world.main and not (base / "config.json").is_file():
             save_policy(setup.model, setup.tokenizer, base)
         barrier(world)
-    return wrap_lora(cfg, setup.model, base)
+    model = wrap_lora(cfg, setup.model, base)
+    in_place = cfg.train.sharding == "fsdp2" and not cfg.train.keep_replica(cfg.rollout.engine)
+    if world.size > 1 and in_place:  # the engine's merged weights come from the shards
+        from mcgpo.policy.lora import non_linear_adapters
+
+        others = non_linear_adapters(model)
+        if others:
+            raise ConfigError(
+                f"train.lora_targets: {others[0]} is not a linear layer; with train.sharding "
+                "fsdp2 and train.fsdp_replica false (the default with vLLM) the adapters "
+                "merge from the shards for linear layers only: target linear layers or set "
+                "--train.fsdp_replica true"
+            )
+    return model
 
 
 def _load_adapters(model: Any, path: Path) -> None:

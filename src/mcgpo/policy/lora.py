@@ -15,7 +15,9 @@ updates are not rounded away on a bf16 grid.
 The KL reference is the same weights with the adapters switched off (:class:`AdaptersOff`,
 read through :func:`reference_forward`): ``W x`` exactly, the initial policy, with no
 second copy of the model (the memory plan counts it so). LoRA dropout, when set, acts on
-the adapters' input only; with the adapters off it has no effect.
+the adapters' input only, in train mode: with the adapters off it has no effect, the
+samplers run the model in eval mode, and pi_old's recompute turns it off
+(:func:`adapter_dropout_off`); only the update's own forward draws it.
 
 The adapter folder is PEFT's format: ``adapter_config.json`` (the LoRA options and
 ``base_model_name_or_path``, the base model's folder) and ``adapter_model.safetensors``
@@ -43,6 +45,7 @@ __all__ = [
     "ADAPTER_CONFIG",
     "AdaptersOff",
     "LoraError",
+    "adapter_dropout_off",
     "adapter_state",
     "add_lora",
     "has_lora",
@@ -159,6 +162,27 @@ def _whole(tensor: torch.Tensor) -> torch.Tensor:
     from torch.distributed.tensor import DTensor
 
     return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+
+
+@contextmanager
+def adapter_dropout_off(model: Any) -> Iterator[None]:
+    """``model``'s adapter dropout (``train.lora_dropout``) off until the block ends: its
+    dropout modules in eval mode, the rest of the model left as it is. What pi_old's
+    recompute runs under, so that pi_old is the policy the sampler played (in eval mode),
+    not one random dropout draw of it. No-op without adapters or dropout."""
+    drops = [
+        module.lora_dropout[ADAPTER]
+        for _, module in _tuner_layers(model)
+        if ADAPTER in getattr(module, "lora_dropout", {})
+    ]
+    modes = [drop.training for drop in drops]
+    for drop in drops:
+        drop.eval()
+    try:
+        yield
+    finally:
+        for drop, mode in zip(drops, modes, strict=True):
+            drop.train(mode)
 
 
 def adapter_state(model: Any) -> dict[str, torch.Tensor]:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from ranks import launch
+from ranks import launch, saved_weights
 from safetensors.torch import load_file
 
 pytest.importorskip("peft")  # the lora extra
@@ -143,28 +143,92 @@ def test_bad_lora_options_are_one_line_exit_2(smoke_args, tmp_path, capsys, extr
     assert "\n" not in err and err.startswith(f"mcgpo train: error: {message}"), err
 
 
-def test_lora_with_fsdp2_without_a_replica_is_refused_in_one_line():
-    # the adapters-off reference runs on FSDP2's full replica: without one (vLLM's
-    # default, train.fsdp_replica auto) LoRA is refused before any sharding or wrapping
+FAKE_ENGINE = Path(__file__).parent / "fake_engine"  # its sitecustomize serves "vllm"
+# as rollout.engine vllm sets them (auto): pi_old recomputed, TIS weights
+AS_VLLM = ("--train.old_logprobs", "recompute", "--train.rollout_correction", "tis")
+NO_REPLICA = ("--nproc", "2", "--train.sharding", "fsdp2", "--rollout.engine", "vllm")
+
+
+def _gap(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys()
+    return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
+def _no_replica(out: Path, args: list[str], weights: Path | None = None) -> None:
+    """A LoRA run on 2 FSDP2 ranks without a replica, served by the stand-in engine
+    (tests/training/fake_engine), which checks at each sync that the policy is sharded
+    and (``weights``) writes the merged weights it was given."""
+    env = {"MCGPO_TEST_EXPECT_SHARDED": "1"}
+    if weights is not None:
+        env["MCGPO_TEST_ENGINE_WEIGHTS"] = str(weights)
+    launch(args, path=(FAKE_ENGINE,), env=env)
+
+
+def test_non_linear_adapters_without_a_replica_are_refused_in_one_line(micro_model):
+    # sharded in place, the engine's merged weights are computed from the shards of linear
+    # layers only: an adapted embedding is refused at setup, before any sharding
     import dataclasses
 
     from mcgpo.training.config import ConfigError, RunConfig
     from mcgpo.training.setup import RunSetup, _with_lora
     from mcgpo.training.world import World
 
-    cfg = RunConfig()
-    cfg = dataclasses.replace(
-        cfg, train=dataclasses.replace(cfg.train, lora_rank=4, sharding="fsdp2",
-                                       fsdp_replica="false")
+    model, tokenizer = load_policy(micro_model)
+    cfg = RunConfig(model=str(micro_model))
+    train = dataclasses.replace(
+        cfg.train, lora_rank=4, lora_targets="q_proj,embed_tokens", sharding="fsdp2",
+        fsdp_replica="false",
     )  # fmt: skip
-    setup = RunSetup(cfg=cfg, folder=Path("."), make_env=lambda: None, model=None,
-                     tokenizer=None, response_format="action")  # fmt: skip
+    setup = RunSetup(cfg=dataclasses.replace(cfg, train=train), folder=Path("."),
+                     make_env=lambda: None, model=model, tokenizer=tokenizer,
+                     response_format="action")  # fmt: skip
     with pytest.raises(ConfigError) as err:
         _with_lora(setup, World(rank=0, size=2))
     assert str(err.value) == (
-        "train.lora_rank with train.sharding fsdp2 needs train.fsdp_replica true (the "
-        "reference runs on the replica with its adapters off); or use ddp"
+        "train.lora_targets: model.embed_tokens is not a linear layer; with train.sharding "
+        "fsdp2 and train.fsdp_replica false (the default with vLLM) the adapters merge from "
+        "the shards for linear layers only: target linear layers or set "
+        "--train.fsdp_replica true"
     )
+    # the same targets with the replica (or one process) are accepted
+    setup.model, _ = load_policy(micro_model)
+    assert _with_lora(setup, World(rank=0, size=1)) is setup.model
+
+
+@pytest.mark.slow
+def test_lora_fsdp2_without_a_replica_trains_as_one_and_syncs_merged_weights(smoke_args, tmp_path):
+    """``train.fsdp_replica false`` (vLLM's default): the LoRA policy is sharded in place,
+    the KL reference is the learner with its adapters off, only the adapters' gradients are
+    reduce-scattered, the engine gets the merged weights gathered from the shards. The run
+    equals one process (the HF sampler, pi_old recomputed and TIS as the vLLM path does):
+    the same adapters, merged folder and engine weights, up to the float rounding of the
+    gradient sums' order, with nonzero advantages and a KL term (household-smoke's
+    kl_coef 0.01). Measured on the 2-core box (torch 2.13.0+cpu): adapters 2.6e-8 apart,
+    merged and engine weights 1.8e-8; bound 1e-6. A reference with the adapters left on
+    (KL = 0) ends 8.9e-5 apart (measured on the smoke layout), so the bound sees the
+    reference; padding passes without the reference forward hang the ranks."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    extra = (*LORA, *GREEDY, *AS_VLLM, "--train.lora_merge", "true", "--save-rollouts")
+    # test_fsdp.py's uneven layout: a rank with no row in a step pads it with zero-loss
+    # passes, which run the adapters-off reference forward too (a collective)
+    extra = (*extra, "--train.mini_batch_size", "4", "--train.micro_batch_size", "5")
+    assert main(smoke_args(one, *extra)) == 0
+    synced = tmp_path / "engine.safetensors"
+    _no_replica(two, smoke_args(two, *extra, *NO_REPLICA), weights=synced)
+    assert 'fsdp_replica = "auto"' in (two / "config.toml").read_text()
+    import pandas as pd
+
+    rows = pd.read_parquet(one / "rollouts" / "update-000002.parquet")
+    assert (rows["advantage"].fillna(0).abs() > 1e-3).any()  # the update had a signal
+    a, b = adapters(one / "model"), adapters(two / "model")
+    assert len(a) == 14 and _gap(a, b) < 1e-6
+    assert max(float(a[k].abs().max()) for k in a if "lora_B" in k) > 1e-4  # they trained
+    merged = saved_weights(one / "merged")
+    assert _gap(merged, saved_weights(two / "merged")) < 1e-6
+    engine = load_file(str(synced))  # the last sync, after update 2: W + (alpha / r) B A
+    merged.pop("lm_head.weight", None)  # tied: the engine's copy names it once
+    engine = {k: v for k, v in engine.items() if k in merged}
+    assert _gap(merged, engine) < 1e-6
 
 
 @pytest.mark.slow
@@ -180,6 +244,22 @@ def test_lora_fsdp2_resume_equals_the_uninterrupted_run(smoke_args, tmp_path):
     a, b = adapters(whole / "model"), adapters(split / "model")
     assert a.keys() == b.keys()
     assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-6
+
+
+@pytest.mark.slow
+def test_lora_fsdp2_without_a_replica_resumes_as_uninterrupted(smoke_args, tmp_path):
+    """Sharded in place: the checkpoint holds the adapters gathered from the shards and the
+    AdamW state gathered as FSDP2's; stopped after update 1 and resumed (the adapters set
+    before sharding, the optimiser state re-sharded, the stand-in engine rebuilt from the
+    resumed policy) equals the uninterrupted run exactly (measured: 0.0)."""
+    whole, split = tmp_path / "whole", tmp_path / "split"
+    extra = (*LORA, *GREEDY, *NO_REPLICA)
+    _no_replica(whole, smoke_args(whole, *extra))
+    _no_replica(split, smoke_args(split, *extra, "--train.updates", "1"))
+    first = adapters(split / "checkpoints" / "update-000001" / "model")
+    assert len(first) == 14 and all(v.abs().max() > 0 for k, v in first.items() if "lora_B" in k)
+    _no_replica(split, smoke_args(split, *extra, "--resume"))
+    assert _gap(adapters(whole / "model"), adapters(split / "model")) == 0.0
 
 
 @pytest.mark.slow

@@ -173,11 +173,12 @@ def save_policy(
     """Write model (safetensors) and tokenizer to ``path`` (created if needed); return it.
     ``state_dict``: the weights to write instead of the model's own (a sharded policy's,
     gathered: :func:`full_weights`, or the learner's rank-0 gather). A LoRA policy
-    (:mod:`mcgpo.policy.lora`) is written as a PEFT adapter folder."""
+    (:mod:`mcgpo.policy.lora`) is written as a PEFT adapter folder (``state_dict``: its
+    adapters' weights, gathered from a sharded policy)."""
     from mcgpo.policy.lora import has_lora, save_adapter
 
-    if has_lora(model):  # a LoRA policy: its adapters, as a PEFT adapter folder
-        return save_adapter(model, tokenizer, path)
+    if has_lora(model):  # a LoRA policy: its adapters (gathered if sharded), PEFT's folder
+        return save_adapter(model, tokenizer, path, state_dict)
     folder = Path(path)
     folder.mkdir(parents=True, exist_ok=True)
     with _quiet():

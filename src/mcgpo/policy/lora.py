@@ -15,7 +15,9 @@ updates are not rounded away on a bf16 grid.
 The KL reference is the same weights with the adapters switched off (:class:`AdaptersOff`,
 read through :func:`reference_forward`): ``W x`` exactly, the initial policy, with no
 second copy of the model (the memory plan counts it so). LoRA dropout, when set, acts on
-the adapters' input only; with the adapters off it has no effect.
+the adapters' input only, in train mode: with the adapters off it has no effect, the
+samplers run the model in eval mode, and pi_old's recompute turns it off
+(:func:`adapter_dropout_off`); only the update's own forward draws it.
 
 The adapter folder is PEFT's format: ``adapter_config.json`` (the LoRA options and
 ``base_model_name_or_path``, the base model's folder) and ``adapter_model.safetensors``
@@ -43,6 +45,7 @@ __all__ = [
     "ADAPTER_CONFIG",
     "AdaptersOff",
     "LoraError",
+    "adapter_dropout_off",
     "adapter_state",
     "add_lora",
     "has_lora",
@@ -50,6 +53,7 @@ __all__ = [
     "load_adapter_state",
     "merged_model",
     "merged_parameters",
+    "non_linear_adapters",
     "reference_forward",
     "save_adapter",
     "trainable_count",
@@ -153,23 +157,57 @@ def reference_forward(reference: Any) -> Iterator[Any]:
             module.enable_adapters(True)
 
 
+def _whole(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` whole: an FSDP2 shard (DTensor) all-gathered (a collective), else itself."""
+    from torch.distributed.tensor import DTensor
+
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+
+
+@contextmanager
+def adapter_dropout_off(model: Any) -> Iterator[None]:
+    """``model``'s adapter dropout (``train.lora_dropout``) off until the block ends: its
+    dropout modules in eval mode, the rest of the model left as it is. What pi_old's
+    recompute runs under, so that pi_old is the policy the sampler played (in eval mode),
+    not one random dropout draw of it. No-op without adapters or dropout."""
+    drops = [
+        module.lora_dropout[ADAPTER]
+        for _, module in _tuner_layers(model)
+        if ADAPTER in getattr(module, "lora_dropout", {})
+    ]
+    modes = [drop.training for drop in drops]
+    for drop in drops:
+        drop.eval()
+    try:
+        yield
+    finally:
+        for drop, mode in zip(drops, modes, strict=True):
+            drop.train(mode)
+
+
 def adapter_state(model: Any) -> dict[str, torch.Tensor]:
-    """The adapters' weights by PEFT's names (``<module>.lora_A.weight`` …), on the CPU."""
+    """The adapters' weights by PEFT's names (``<module>.lora_A.weight`` …), on the CPU,
+    whole: with the policy sharded in place (FSDP2) each is all-gathered, so this is then a
+    collective (every rank calls it and gets them all)."""
     from peft import get_peft_model_state_dict
 
     state = get_peft_model_state_dict(model, adapter_name=ADAPTER)
-    return {k: v.detach().cpu().contiguous() for k, v in state.items()}
+    return {k: _whole(v.detach()).cpu().contiguous() for k, v in state.items()}
 
 
-def save_adapter(model: Any, tokenizer: Any, path: str | Path) -> Path:
+def save_adapter(
+    model: Any, tokenizer: Any, path: str | Path, state: dict[str, torch.Tensor] | None = None
+) -> Path:
     """Write ``model``'s adapters as a PEFT adapter folder (module docstring), and the
-    tokenizer; returns the folder."""
+    tokenizer; returns the folder. ``state``: the adapters' weights already gathered
+    (:func:`adapter_state`, a sharded policy's), else read from ``model``."""
     from safetensors.torch import save_file
 
     folder = Path(path)
     folder.mkdir(parents=True, exist_ok=True)
     model._mcgpo_lora_config.save_pretrained(str(folder))
-    weights = {f"base_model.model.{k}": v for k, v in adapter_state(model).items()}
+    state = adapter_state(model) if state is None else state
+    weights = {f"base_model.model.{k}": v for k, v in state.items()}
     save_file(weights, str(folder / ADAPTER_WEIGHTS), metadata={"format": "pt"})
     if tokenizer is not None:
         tokenizer.save_pretrained(folder)
@@ -208,15 +246,41 @@ def load_adapter_state(model: Any, path: str | Path) -> None:
         raise LoraError(f"adapter folder {str(path)!r}: unexpected weight {unexpected[0]}")
 
 
+def non_linear_adapters(model: Any) -> list[str]:
+    """The adapted modules of ``model`` that are not linear layers (an embedding …): their
+    merged weights cannot be computed from FSDP2 shards (:func:`merged_parameters`)."""
+    from peft.tuners.lora import Linear
+
+    return [name for name, module in _tuner_layers(model) if not isinstance(module, Linear)]
+
+
 def _delta(module: Any) -> torch.Tensor:
-    """``(alpha / r) B A`` of one adapted layer, in its base weight's shape and dtype."""
-    return module.get_delta_weight(ADAPTER)
+    """``(alpha / r) B A`` of one adapted layer, in its base weight's shape. PEFT's own
+    ``get_delta_weight``; for a layer whose adapters are FSDP2 shards (the policy sharded
+    in place) ``A`` and ``B`` are all-gathered first (a collective) and the product is the
+    same formula, PEFT's for a linear layer (``transpose(B A, fan_in_fan_out) * scaling``)."""
+    from peft.tuners.lora import Linear
+    from peft.utils.other import transpose
+    from torch.distributed.tensor import DTensor
+
+    a, b = module.lora_A[ADAPTER].weight, module.lora_B[ADAPTER].weight
+    if not isinstance(a, DTensor):
+        return module.get_delta_weight(ADAPTER)
+    if not isinstance(module, Linear):
+        raise LoraError(
+            f"merging sharded adapters of {type(module).__name__} layers is not supported "
+            "(linear layers only); use train.fsdp_replica true"
+        )
+    product = transpose(_whole(b) @ _whole(a), module.fan_in_fan_out)
+    return product * module.scaling[ADAPTER]
 
 
 def merged_parameters(model: Any) -> Iterator[tuple[str, torch.Tensor]]:
     """``model``'s parameters under the base model's names, whole and detached, the
     adapted layers' weights merged (``W + (alpha / r) B A``): what the base model class
-    loads. Without adapters, ``named_parameters`` as it is. One merged tensor at a time."""
+    loads. Without adapters, ``named_parameters`` as it is. One merged tensor at a time.
+    With the policy sharded in place (FSDP2) each is all-gathered first: a collective,
+    every rank iterates to the end in the same order."""
     if not has_lora(model):
         for name, param in model.named_parameters():
             yield name, param.detach()
@@ -230,9 +294,10 @@ def merged_parameters(model: Any) -> Iterator[tuple[str, torch.Tensor]]:
             base = owner.removesuffix(".base_layer")
             if owner.endswith(".base_layer") and base in adapted and leaf == "weight":
                 module = adapted[base]
-                yield f"{base}.weight", (param + _delta(module).to(param.dtype)).detach()
+                whole = _whole(param)
+                yield f"{base}.weight", (whole + _delta(module).to(whole.dtype)).detach()
             else:
-                yield name.replace(".base_layer.", "."), param.detach()
+                yield name.replace(".base_layer.", "."), _whole(param).detach()
 
 
 def merged_model(model: Any) -> Any:

@@ -125,7 +125,7 @@ def save_checkpoint(
     from mcgpo.policy.lora import has_lora, save_adapter
 
     if has_lora(model):  # LoRA: the adapters only (the base is the run's --model)
-        save_adapter(model, tokenizer, tmp / "model")
+        save_adapter(model, tokenizer, tmp / "model", model_state)  # gathered if sharded
     else:
         model.save_pretrained(tmp / "model", state_dict=model_state)
         tokenizer.save_pretrained(tmp / "model")

@@ -156,11 +156,16 @@ def full_model_state(model: Any) -> dict[str, Any] | None:
     """The whole weights of a policy sharded in place (``train.fsdp_replica false``), for
     saving: a collective (every rank calls it); rank 0 gets them on the CPU, by the
     policy's own names, the others an empty dict. None when ``model`` holds whole tensors
-    (a replica, DDP, one process): save its own state dict then."""
+    (a replica, DDP, one process): save its own state dict then. A LoRA policy's are its
+    adapters only, gathered on every rank (:func:`mcgpo.policy.lora.adapter_state`: what
+    its checkpoint and final folder hold; the frozen base is the run's ``--model``)."""
     from mcgpo.policy.loading import holds_shards
+    from mcgpo.policy.lora import adapter_state, has_lora
 
     if not holds_shards(model):
         return None
+    if has_lora(model):
+        return adapter_state(model)
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -210,11 +215,16 @@ def zero_backward(model: Any, device: torch.device, ref_model: Any = None) -> No
     """A backward with zero loss, so a rank with no rows in a step (or, FSDP2, fewer
     micro-batches than another rank) joins the collectives of the others' passes: the
     learner's forward, then (a sharded reference, :func:`distributed_reference`) the
-    reference's forward, then the backward, in the order of a real micro-batch."""
+    reference's forward, then the backward, in the order of a real micro-batch. A LoRA
+    policy sharded in place: the reference is the learner with its adapters off
+    (:class:`mcgpo.policy.lora.AdaptersOff`), whose forward is as much a collective."""
+    from mcgpo.policy.lora import reference_forward
+
     ids = torch.zeros((1, 1), dtype=torch.long, device=device)
     mask = torch.ones_like(ids)
     out = model(input_ids=ids, attention_mask=mask)
-    if ref_model is not None and sharded(ref_model):
-        with torch.no_grad():
-            ref_model(input_ids=ids, attention_mask=mask)
+    if ref_model is not None:
+        with torch.no_grad(), reference_forward(ref_model) as reference:
+            if sharded(reference):
+                reference(input_ids=ids, attention_mask=mask)
     (out.logits.float().sum() * 0.0).backward()

@@ -35,6 +35,7 @@ from mcgpo.objectives import (
 )
 from mcgpo.policy.compile import compile_enabled
 from mcgpo.policy.logprobs import token_log_probs
+from mcgpo.policy.lora import adapter_dropout_off
 from mcgpo.policy.precision import compute
 from mcgpo.rollout.tokens import TokenBatch
 from mcgpo.training.collectives import all_sum
@@ -66,12 +67,28 @@ def recompute_log_probs(
     ``micro_batches``: row ids of each forward (the update's layout, so that every row is
     computed in the same company, hence the same shapes, as in its training forward);
     together they must cover every row once. The model's train/eval mode is left as it is
-    (the update calls this in train mode, as its own forward). 0 off the responses.
+    (the update calls this in train mode, as its own forward), except that LoRA's adapter
+    dropout is off (:func:`mcgpo.policy.lora.adapter_dropout_off`: pi_old is the policy
+    the sampler played, in eval mode). 0 off the responses.
     ``pad_passes``: an empty row set still runs a one-token forward (FSDP2, where every
     forward all-gathers parameters, a collective: each rank makes the same number of passes).
     ``compile_layers``: the decoder layers run compiled, as in the update's forwards
     (``train.compile``; :mod:`mcgpo.policy.compile`).
     """
+    with adapter_dropout_off(model):
+        return _recompute(model, batch, micro_batches, precision, chunk_size, pad_passes,
+                          compile_layers)  # fmt: skip
+
+
+def _recompute(
+    model: Any,
+    batch: TokenBatch,
+    micro_batches: Sequence[np.ndarray],
+    precision: str,
+    chunk_size: int | None,
+    pad_passes: bool,
+    compile_layers: bool,
+) -> torch.Tensor:
     device = next(model.parameters()).device
     out = torch.zeros_like(batch.old_log_probs)
     seen = np.zeros(len(batch), dtype=bool)

@@ -55,6 +55,7 @@ from mcgpo.training.distributed import (
     distributed_reference,
     follow_learner,
     load_optimizer_state,
+    sharded,
 )
 from mcgpo.training.engine import check_engine_installed, rollout_engine
 from mcgpo.training.metrics import MetricSinks, SilentSinks
@@ -208,6 +209,10 @@ def setup_run(cfg: RunConfig, command: str = "", world: World = SINGLE) -> Run:
         restore_rng(state.rng)
     if replica:  # FSDP2: the sampler's replica follows the steps
         follow_learner(model, learner, optimizer)
+    if isinstance(ref_model, AdaptersOff) and sharded(learner) and not replica:
+        # LoRA sharded in place: the reference forward is the learner's (the FSDP2 root,
+        # which gathers the shards), its adapters off
+        ref_model = AdaptersOff(learner)
     sinks: MetricSinks | SilentSinks = SilentSinks()
     if world.main:
         resume_at = updates_done if cfg.resume else None
@@ -240,19 +245,26 @@ def _with_lora(setup: RunSetup, world: World) -> Any:
     from mcgpo.policy import save_policy
 
     cfg = setup.cfg
-    replica = cfg.train.keep_replica(cfg.rollout.engine)
-    if world.size > 1 and cfg.train.sharding == "fsdp2" and not replica:
-        raise ConfigError(
-            "train.lora_rank with train.sharding fsdp2 needs train.fsdp_replica true (the "
-            "reference runs on the replica with its adapters off); or use ddp"
-        )
     base: Path | str = cfg.model
     if cfg.model == "tiny":
         base = setup.folder / "base"
         if world.main and not (base / "config.json").is_file():
             save_policy(setup.model, setup.tokenizer, base)
         barrier(world)
-    return wrap_lora(cfg, setup.model, base)
+    model = wrap_lora(cfg, setup.model, base)
+    in_place = cfg.train.sharding == "fsdp2" and not cfg.train.keep_replica(cfg.rollout.engine)
+    if world.size > 1 and in_place:  # the engine's merged weights come from the shards
+        from mcgpo.policy.lora import non_linear_adapters
+
+        others = non_linear_adapters(model)
+        if others:
+            raise ConfigError(
+                f"train.lora_targets: {others[0]} is not a linear layer; with train.sharding "
+                "fsdp2 and train.fsdp_replica false (the default with vLLM) the adapters "
+                "merge from the shards for linear layers only: target linear layers or set "
+                "--train.fsdp_replica true"
+            )
+    return model
 
 
 def _load_adapters(model: Any, path: Path) -> None:

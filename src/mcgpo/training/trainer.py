@@ -313,7 +313,14 @@ def _save_final_model(run: Run, weights: dict[str, Any] | None) -> None:
     from mcgpo.policy import save_policy
 
     save_policy(run.model, run.tokenizer, run.folder / "model", state_dict=weights)
-    if run.cfg.train.lora_merge:
+    if run.cfg.train.lora_merge and weights is not None:  # sharded: merged from the folder
+        import shutil
+
+        from mcgpo.training.export import export_merged
+
+        shutil.rmtree(run.folder / "merged", ignore_errors=True)  # an earlier end's
+        export_merged(run.folder / "model", run.folder / "merged")
+    elif run.cfg.train.lora_merge:
         from mcgpo.policy.lora import merged_model
 
         save_policy(merged_model(run.model), run.tokenizer, run.folder / "merged")

@@ -9,7 +9,10 @@ policy's parameters). With the same weights it samples exactly what the HF engin
 from a replica, so a run without a replica can be compared with one that has it.
 
 ``MCGPO_TEST_EXPECT_SHARDED=1``: every sync checks that the policy it is given is sharded
-(no full replica is left on the rank); ``0``: that it is whole.
+(no full replica is left on the rank); ``0``: that it is whole. A LoRA policy: the engine
+holds a plain model and takes the merged weights, as vLLM does.
+``MCGPO_TEST_ENGINE_WEIGHTS=FILE``: rank 0 writes the weights of each sync it received to
+FILE (safetensors, the last sync's at the end).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import torch
 
 import mcgpo.training.setup as _setup
 from mcgpo.policy.loading import holds_shards
+from mcgpo.policy.lora import has_lora, merged_model
 from mcgpo.rollout.sampler import sample
 from mcgpo.rollout.vllm_engine import _named_weights
 
@@ -31,7 +35,7 @@ class HFEngine:
 
     def __init__(self, model: Any) -> None:
         assert not holds_shards(model), "the engine must be built from the whole policy"
-        self.model = copy.deepcopy(model)
+        self.model = merged_model(model) if has_lora(model) else copy.deepcopy(model)
 
     def sample(self, prompts: Any, **kwargs: Any) -> Any:
         return sample(self.model, prompts, **kwargs)
@@ -50,6 +54,11 @@ class HFEngine:
                 mine[name].copy_(tensor)
                 seen.add(name)
         assert seen == set(mine), "HFEngine: the sync missed parameters"
+        target = os.environ.get("MCGPO_TEST_ENGINE_WEIGHTS")
+        if target and int(os.environ.get("RANK", "0")) == 0:
+            from safetensors.torch import save_file
+
+            save_file({k: v.detach().clone() for k, v in mine.items()}, target)
         return 0.0
 
     def close(self) -> None:

@@ -102,7 +102,9 @@ def test_the_dry_run_writes_every_row_with_a_number(tmp_path):
     # the two decode attentions: the ratio row is the two speed rows divided; the first
     # tokens come from the prefill, which the decode attention does not touch: all equal
     gqa, sdpa = (float(rows[("a", f"static decode tok/s, {x}")][0]) for x in ("gqa", "sdpa"))
-    assert float(rows[("a", "gqa / sdpa decode tok/s")][0]) == pytest.approx(gqa / sdpa, rel=0.02)
+    # printed to two decimals: off by up to 0.005 (a ratio of 0.027 prints as 0.03 under load)
+    ratio = float(rows[("a", "gqa / sdpa decode tok/s")][0])
+    assert ratio == pytest.approx(gqa / sdpa, rel=0.02, abs=0.005)
     assert float(rows[("a", "gqa vs sdpa: first tokens equal %")][0]) == 100
     assert 0 <= float(rows[("a", "gqa vs sdpa: tokens equal %")][0]) <= 100
     assert float(rows[("a", "gqa vs sdpa: max abs dlogp, common prefix")][0]) >= 0

@@ -160,21 +160,8 @@ def setup_run(cfg: RunConfig, command: str = "", world: World = SINGLE) -> Run:
         check_engine_installed()  # before any model work
     check_trackers_installed(cfg.trackers())
     setup = prepare(cfg, command, kind="train", world=world)
-    cfg, model = setup.cfg, setup.model
-    tempered = cfg.rollout.temperature != 1
-    if (cfg.rollout.engine == "vllm" or tempered) and cfg.train.old_logprobs == "auto":
-        # the engine's kernels are not the update's, or (tempered) the sampler's
-        # log-probs are the sampling distribution's: pi_old from a training forward, and the
-        # pi_old/* metrics measure the sampler against it
-        cfg = dataclasses.replace(
-            cfg, train=dataclasses.replace(cfg.train, old_logprobs="recompute")
-        )
-        setup.cfg = cfg
-    if cfg.train.rollout_correction == "auto":  # tis where the engine's kernels differ
-        train = dataclasses.replace(
-            cfg.train, rollout_correction=cfg.train.correction(cfg.rollout.engine)
-        )
-        cfg = setup.cfg = dataclasses.replace(cfg, train=train)
+    cfg = setup.cfg = _resolve_auto(setup.cfg)
+    model = setup.model
     lora = cfg.train.lora_rank > 0
     if lora:  # adapters on the base, which stays frozen (mcgpo.policy.lora)
         model = _with_lora(setup, world)
@@ -215,11 +202,10 @@ def setup_run(cfg: RunConfig, command: str = "", world: World = SINGLE) -> Run:
         ref_model = AdaptersOff(learner)
     sinks: MetricSinks | SilentSinks = SilentSinks()
     if world.main:
-        resume_at = updates_done if cfg.resume else None
         sinks = MetricSinks(
             setup.folder,
             report_to=cfg.trackers(),
-            resume_at=resume_at,
+            resume_at=updates_done if cfg.resume else None,
             config=load_preset(str(setup.folder / "config.toml")),  # as written, code included
         )
     fields = {f.name: getattr(setup, f.name) for f in dataclasses.fields(RunSetup)}
@@ -236,6 +222,24 @@ def setup_run(cfg: RunConfig, command: str = "", world: World = SINGLE) -> Run:
         notes=tuple(notes),
         pending=pending,
     )
+
+
+def _resolve_auto(cfg: RunConfig) -> RunConfig:
+    """``train.old_logprobs`` and ``train.rollout_correction`` at ``auto``, resolved."""
+    tempered = cfg.rollout.temperature != 1
+    if (cfg.rollout.engine == "vllm" or tempered) and cfg.train.old_logprobs == "auto":
+        # the engine's kernels are not the update's, or (tempered) the sampler's
+        # log-probs are the sampling distribution's: pi_old from a training forward, and the
+        # pi_old/* metrics measure the sampler against it
+        cfg = dataclasses.replace(
+            cfg, train=dataclasses.replace(cfg.train, old_logprobs="recompute")
+        )
+    if cfg.train.rollout_correction == "auto":  # tis where the engine's kernels differ
+        train = dataclasses.replace(
+            cfg.train, rollout_correction=cfg.train.correction(cfg.rollout.engine)
+        )
+        cfg = dataclasses.replace(cfg, train=train)
+    return cfg
 
 
 def _with_lora(setup: RunSetup, world: World) -> Any:

@@ -19,6 +19,7 @@ import pytest
 from mcgpo.cli import main, resolve
 from mcgpo.training.config import ConfigError, RunConfig
 from mcgpo.training.metrics import read_metrics
+from mcgpo.training.run_folder import code_version
 from mcgpo.training.tracking import check_trackers_installed
 
 pytestmark = pytest.mark.slow  # a few smoke runs of two updates
@@ -179,6 +180,7 @@ def test_wandb_offline_records_the_metrics_config_and_resumes_the_same_run(
     config = {i.key: json.loads(i.value_json) for i in runs[0].config.update}
     assert config["train"]["updates"] == 2 and config["algo"]["name"] == "mcgpo"
     assert config["rollout"]["groups"] == 2
+    assert config["code"]["version"] == code_version()["version"]  # the code the run ran
     # every number of metrics.jsonl under its own name at its update (eval/* at update 0 too)
     expected = numeric_records(out)
     assert sorted(expected) == [0, 1, 2]
@@ -226,6 +228,7 @@ def test_mlflow_records_metrics_and_params_and_resumes_the_same_run(
     params = run.data.params
     assert params["train.updates"] == "2" and params["algo.name"] == "mcgpo"
     assert params["rollout.group_size"] == "4" and params["train.lr"] == "0.001"
+    assert params["code.version"] == code_version()["version"]  # the code the run ran
 
     def history(key):
         return {m.step: m.value for m in client.get_metric_history(saved["run_id"], key)}

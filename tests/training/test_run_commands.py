@@ -10,11 +10,13 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from mcgpo.cli import main, resolve
 from mcgpo.training.config import RunConfig
+from mcgpo.training.metrics import read_metrics
 from mcgpo.training.start_lines import cpu_size_note, train_start_line
 
 
@@ -220,3 +222,31 @@ def test_webshop_smoke_runs_the_warm_start_and_training(tmp_path, capsys):
     record = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()][-1]
     assert record["update"] == 2 and record["eval/episodes"] == 2.0
     assert "eval/score" in record  # WebShop grades each episode
+
+
+def test_a_run_without_a_learning_signal_says_so(tmp_path, capsys):
+    from mcgpo.training.trainer import _no_signal_note
+
+    def note(*records):
+        folder = tmp_path / f"r{len(list(tmp_path.iterdir()))}"
+        folder.mkdir()
+        lines = [json.dumps({"update": 0, "eval/success": 0.0})]
+        lines += [json.dumps({"update": u + 1, **r}) for u, r in enumerate(records)]
+        (folder / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+        return _no_signal_note(SimpleNamespace(folder=folder))
+
+    flat = {"adv/std": 0.0, "pairs/preferences": 0.0}
+    assert note(flat, {"adv/std": 0.0}).startswith(
+        "[train] warning: none of the 2 updates had a learning signal"
+    )
+    assert note(flat, {"adv/std": 0.25, "pairs/preferences": 0.0}) is None  # one update learned
+    assert note(flat, {"adv/std": 0.0, "pairs/preferences": 3.0}) is None  # pairs are a signal
+    assert note() is None  # no update yet
+
+    # the README's first run (a fresh tiny policy, smoke sizes) never succeeds: it says so
+    out = tmp_path / "quick"
+    assert main(["train", "--preset", "household-smoke", "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    updates = [r for r in read_metrics(out / "metrics.jsonl") if "adv/std" in r]
+    assert [r["adv/std"] for r in updates] == [0.0, 0.0]
+    assert "[train] warning: none of the 2 updates had a learning signal" in err

@@ -174,6 +174,7 @@ def _train(run: Run) -> Table:
     weights = full_model_state(run.model)  # sharded in place: gathered to rank 0
     if world.main:
         _save_final_model(run, weights)
+        _say(_no_signal_note(run))  # a run that learned nothing says so
     barrier(world)
     run.sinks.close()
     return _summary(run)
@@ -393,6 +394,22 @@ def _summary(run: Run) -> Table:
         f"run folder {run.folder}"
     )
     return Table.from_metrics(title, columns)
+
+
+def _no_signal_note(run: Run) -> str | None:
+    """A warning when no update of the run (resumed parts included) had a learning signal:
+    every advantage zero and no preference pair, i.e. every sibling of every group had the
+    same outcome, so only the KL and entropy terms moved the weights."""
+    updates = [r for r in read_metrics(run.folder / "metrics.jsonl") if "adv/std" in r]
+    if not updates or any(r["adv/std"] > 0 or r.get("pairs/preferences", 0) > 0 for r in updates):
+        return None
+    return (
+        f"[train] warning: none of the {len(updates)} updates had a learning signal (every "
+        "advantage zero, no preference pair: all siblings of each group had the same "
+        "outcome), so the policy learned nothing from its tasks; a fresh policy rarely "
+        "succeeds: warm-start it with `mcgpo sft` and train from its model "
+        "(docs/training.md), or use more updates and tasks"
+    )
 
 
 def _eval_only(record: dict[str, Any]) -> dict[str, float]:

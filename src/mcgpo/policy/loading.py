@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -277,13 +278,19 @@ def _tokenizer_class(folder: Path, auto: Any) -> Any:
 
 @contextmanager
 def _quiet() -> Iterator[None]:
-    """Silence transformers' progress bars (library code does not print), then restore them."""
+    """Silence transformers' progress bars (library code does not print), then restore them;
+    and the deprecation PEFT's merge triggers inside transformers (``is_gradient_checkpointing``),
+    which is not the user's to act on."""
     from transformers.utils import logging
 
     was_enabled = logging.is_progress_bar_enabled()
     logging.disable_progress_bar()
     try:
-        yield
+        with warnings.catch_warnings():
+            warnings.filterwarnings(
+                "ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning
+            )
+            yield
     finally:
         if was_enabled:
             logging.enable_progress_bar()

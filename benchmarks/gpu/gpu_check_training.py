@@ -70,11 +70,11 @@ def _calls(part: Part, prompts: list[list[int]]) -> list[list[list[int]]]:
 def static_calls(part: Part) -> None:
     """The static sampler as the trainer calls it, call by call, beside the dynamic one."""
     from mcgpo.policy.precision import compute
-    from mcgpo.rollout import sample, static_decode
+    from mcgpo.rollout import decode_step, sample, static_decode
     from mcgpo.rollout.sampling_weights import sampling_model
 
     if part.dry:  # dynamo's graphs without inductor's C++ compile on a CPU (minutes)
-        static_decode.COMPILE_OPTIONS = {"backend": "eager", "dynamic": True}
+        decode_step.COMPILE_OPTIONS = {"backend": "eager", "dynamic": True}
     s, tok = part.sizes, part.tokenizer
     model = part.model(torch.float32)  # fp32 master weights, as bf16-mixed trains them
     common = {"temperature": 1.0, "max_new_tokens": s.new_tokens, "eos_token_id": [-1],
@@ -104,7 +104,7 @@ def static_calls(part: Part) -> None:
                 fn(model, prompts, generator=gen, **extra, **common)
                 part.sync()
                 times[name] = time.perf_counter() - start
-        stats = static_decode.decode_compile_stats()
+        stats = decode_step.decode_compile_stats()
         mean = float(np.mean([len(p) for p in prompts]))
         bound = throughput.decode_bound(half, len(prompts), mean + s.new_tokens / 2, part.bandwidth)
         slowest = min(slowest, 100 * tokens / times["static"] / bound)
@@ -118,10 +118,10 @@ def static_calls(part: Part) -> None:
             (measures[3], num(stats.get("rollout/compile_graphs", float("nan"))),
              "rollout/compile_graphs: dynamo's graphs of the decode step"),
         )  # fmt: skip
-    hit = static_decode.decode_compile_stats().get("rollout/compile_limit_hit", float("nan"))
+    hit = decode_step.decode_compile_stats().get("rollout/compile_limit_hit", float("nan"))
     part.emit(
         ("static recompile limit reached", num(hit),
-         f"1: dynamo ran new shapes eagerly (limit {static_decode.RECOMPILE_LIMIT}); goal 0"),
+         f"1: dynamo ran new shapes eagerly (limit {decode_step.RECOMPILE_LIMIT}); goal 0"),
         ("static decode % of bound, slowest call", num(slowest),
          "whole calls (prefill in: a lower bound); "
          + goal(">= 30 on every call", slowest >= 30, part.judged)),

@@ -335,15 +335,16 @@ def test_compiled_step_graphs_stay_bounded_over_calls_that_change_rows_and_bucke
     bucket) they reached its default limit of 8 within the first call and ran eagerly.
     Dynamo's graphs are counted with its "eager" backend (the same tracing and guards as
     inductor's, without the C++ compile); the tokens equal the eager step's."""
+    import mcgpo.rollout.decode_step as decode_step
     import mcgpo.rollout.static_decode as sd
 
     model, tok = counter_policy
     monkeypatch.setattr(sd, "_COLUMN_BUCKET", 8)
     monkeypatch.setattr(sd, "_LEN_BUCKET", 8)
-    monkeypatch.setattr(sd, "COMPILE_OPTIONS", {"backend": "eager", "dynamic": True})
-    monkeypatch.setattr(sd, "_STEP", [])
+    monkeypatch.setattr(decode_step, "COMPILE_OPTIONS", {"backend": "eager", "dynamic": True})
+    monkeypatch.setattr(decode_step, "_STEP", [])
     torch._dynamo.reset()
-    assert sd.decode_compile_stats() == {}  # nothing compiled yet
+    assert decode_step.decode_compile_stats() == {}  # nothing compiled yet
     ids = tok("Your task is to: count to 4. The counter shows 2. step wait step " * 8)["input_ids"]
     calls = [(8, 60, 40), (3, 110, 20), (6, 20, 30), (2, 90, 25)]  # rows, width, new tokens
     kw = dict(temperature=1.0, eos_token_id=[-1], pad_token_id=tok.pad_token_id, sync_every=16)
@@ -361,7 +362,7 @@ def test_compiled_step_graphs_stay_bounded_over_calls_that_change_rows_and_bucke
         assert compiled.response_ids == eager.response_ids
         buckets |= {-(-(width + t) // 8) for t in range(1, new)}
     assert len(buckets) >= 10
-    stats = sd.decode_compile_stats()
+    stats = decode_step.decode_compile_stats()
     assert 1 <= stats["rollout/compile_graphs"] <= 3
     assert stats["rollout/compile_limit_hit"] == 0.0
     torch._dynamo.reset()
@@ -404,6 +405,7 @@ def test_under_autocast_the_static_sampler_runs_on_a_bf16_copy_without_weight_ca
     bf16 copy made by hand samples, and the copy follows the fp32 weights when they change."""
     import copy as copying
 
+    import mcgpo.rollout.decode_step as decode_step
     import mcgpo.rollout.static_decode as sd
     from mcgpo.policy.precision import cast_weights
 
@@ -417,8 +419,8 @@ def test_under_autocast_the_static_sampler_runs_on_a_bf16_copy_without_weight_ca
     assert len(casts) >= 14  # the suspected casts, as graph operations
 
     casts.clear()
-    monkeypatch.setattr(sd, "COMPILE_OPTIONS", {"backend": backend, "dynamic": True})
-    monkeypatch.setattr(sd, "_STEP", [])
+    monkeypatch.setattr(decode_step, "COMPILE_OPTIONS", {"backend": backend, "dynamic": True})
+    monkeypatch.setattr(decode_step, "_STEP", [])
     torch._dynamo.reset()
     prompts = prompts_of_lengths(tok, [12, 5, 9])
     kw = dict(temperature=1.0, max_new_tokens=8, eos_token_id=[-1], pad_token_id=tok.pad_token_id)

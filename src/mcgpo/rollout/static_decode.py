@@ -22,9 +22,10 @@ the sampling distribution, the same stopping rules), computed another way:
   before issue 43), every (rows, length, bucket) was a graph, dynamo's ``recompile_limit``
   (8 per code object) was met within one rollout of the paper presets (5,120 + 512 tokens:
   22 buckets), and the step then ran eagerly, with one warning. The step runs under a
-  limit of ``RECOMPILE_LIMIT`` graphs; :func:`decode_compile_stats` counts them
-  (``rollout/compile_graphs``) and says whether the limit was reached
-  (``rollout/compile_limit_hit``). With CUDA graphs each new (rows, length, bucket) is still
+  limit of ``RECOMPILE_LIMIT`` graphs (the step and its compiled form:
+  :mod:`mcgpo.rollout.decode_step`, whose ``decode_compile_stats`` counts them
+  (``rollout/compile_graphs``) and says whether the limit was reached,
+  ``rollout/compile_limit_hit``). With CUDA graphs each new (rows, length, bucket) is still
   one CUDA-graph capture (no compile).
 - **All rows run every step.** Finished rows are not dropped (that would change the shapes);
   a done mask on the device records each row's end. EOS and stop strings are checked on the
@@ -63,6 +64,7 @@ import torch
 
 from mcgpo.policy.logprobs import position_ids
 from mcgpo.rollout.decode_attention import DECODE_ATTENTIONS, use_decode_attention
+from mcgpo.rollout.decode_step import compiled_step, eager_step, step_limits
 from mcgpo.rollout.sampler import (
     Samples,
     inverse_cdf,
@@ -73,16 +75,13 @@ from mcgpo.rollout.sampler import (
 from mcgpo.rollout.sampling_weights import sampling_model
 from mcgpo.rollout.stop_tables import stop_tables
 
-__all__ = ["RECOMPILE_LIMIT", "SAMPLERS", "decode_compile_stats", "sample_static"]
+__all__ = ["SAMPLERS", "sample_static"]
 
 _LEN_BUCKET = 256  # cache length rounded up to a multiple of this (fewer reallocations)
 _COLUMN_BUCKET = 256  # gqa: a step attends to the filled columns rounded up to a multiple
 # cache columns past the rounded length: the attended columns never equal the cache's length,
 # which would specialise a graph to the last bucket (a contiguity guard)
 _SLACK = 8
-RECOMPILE_LIMIT = 64  # graphs the decode step may compile (dynamo's default: 8)
-# torch.compile's arguments for the decode step (the tests count graphs with backend "eager")
-COMPILE_OPTIONS: dict[str, Any] = {"mode": "reduce-overhead", "dynamic": True}
 
 
 def _columns(filled: int, length: int) -> int:
@@ -196,9 +195,9 @@ def _decode(
         run.mask[:, run.width + t] = 1
         column = torch.tensor([run.width + t], device=device) if run.takes_position else None
         columns = _columns(run.width + t + 1, run.mask.shape[1]) if run.buckets else None
-        if run.compiled.step is not _eager:
+        if run.compiled.step is not eager_step:
             torch.compiler.cudagraph_mark_step_begin()
-        with _step_limits():
+        with step_limits():
             logits = run.compiled.step(
                 run.model, cache, run.cache_kw, token, run.next_pos + t, run.mask, column, columns
             )
@@ -207,21 +206,6 @@ def _decode(
     return Samples(
         [ids[i][: lengths[i]] for i in range(n)], [lps[i][: lengths[i]] for i in range(n)]
     )
-
-
-def _eager(
-    model: Any, cache: Any, cache_kw: str, token, pos, mask, column, columns: int | None
-) -> torch.Tensor:
-    """One decode step of every row: feed ``token`` at the next cache column; logits [B, V].
-    ``columns``: attend to the first ``columns`` cache columns only (gqa's length buckets)."""
-    extra = {"cache_position": column} if column is not None else {}
-    if columns is not None:
-        extra["decode_columns"] = columns
-    out = model(
-        input_ids=token[:, None], attention_mask=mask, position_ids=pos[:, None],
-        use_cache=True, **{cache_kw: cache}, **extra,
-    )  # fmt: skip
-    return out.logits[:, -1].float()
 
 
 @torch.inference_mode()
@@ -299,42 +283,6 @@ def sample_static(
         policy.train(was_training)
 
 
-_STEP: list[Callable[..., torch.Tensor]] = []  # the compiled step, made at the first use
-
-
-def _compiled_step() -> Callable[..., torch.Tensor]:
-    """The one compiled decode step of the process (dynamo keeps its graphs on ``_eager``'s
-    code object, whichever ``torch.compile`` wrapper calls it)."""
-    if not _STEP:
-        _STEP.append(torch.compile(_eager, **COMPILE_OPTIONS))
-    return _STEP[0]
-
-
-def _step_limits() -> Any:
-    return torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT)
-
-
-def _step_graphs() -> int:
-    """Graphs dynamo holds for the decode step (its cache entries on ``_eager``'s code)."""
-    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
-
-    return len(_debug_get_cache_entry_list(_eager.__code__))
-
-
-def decode_compile_stats() -> dict[str, float]:
-    """``rollout/compile_graphs``: graphs compiled for the static sampler's decode step in
-    this process; ``rollout/compile_limit_hit``: 1 when they reached ``RECOMPILE_LIMIT``,
-    after which dynamo runs new shapes eagerly (with one warning). Empty when the step was
-    never compiled."""
-    if not _STEP:
-        return {}
-    graphs = _step_graphs()
-    return {
-        "rollout/compile_graphs": float(graphs),
-        "rollout/compile_limit_hit": float(graphs >= RECOMPILE_LIMIT),
-    }
-
-
 def _forward_keyword(model: Any) -> tuple[str, bool]:
     """(name of the cache argument, whether forward takes ``cache_position``)."""
     params = inspect.signature(model.forward).parameters
@@ -401,7 +349,7 @@ class _Run:
         if held is not None and held[0] == key:
             held[1].cache.reset()
         else:
-            step = _compiled_step() if compiled else _eager
+            step = compiled_step() if compiled else eager_step
             held = (key, _Compiled(_new_static_cache(model, self.rows, length), step))
             _STEPS[model] = held
         self.compiled = held[1]

@@ -55,8 +55,8 @@ from typing import Any
 import torch
 
 from mcgpo.policy.precision import compute
+from mcgpo.rollout.decode_step import decode_compile_stats
 from mcgpo.rollout.group_rollout import Rollout, collect
-from mcgpo.rollout.static_decode import decode_compile_stats
 from mcgpo.training.build import collect_options, rollout_seed
 from mcgpo.training.distributed import gather_objects, rank_block
 from mcgpo.training.metrics import PeakMemory

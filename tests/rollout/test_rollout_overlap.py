@@ -1,11 +1,13 @@
 """collect(overlap_env=True): environment steps overlapped with decoding, the same rollout.
 
-Two halves of the environments in ping-pong: one half steps (in a thread) while the other
-decodes. Each environment's turn reads only its own observation, history and generator, so
-the overlapped rollout equals the sequential one token for token: the same rows (every
-StepTable column), responses, token ids and errors, whatever the timing; the log-probs
-agree to float rounding (a row is decoded in other company: 1e-5, as in
-test_rollout_streams.py).
+P fixed pieces of the environments: some step (in threads) while others decode, the decoder
+taking the pieces in the order their steps finish. Each environment's turn reads only its
+own observation, history and generator, so the overlapped rollout equals the sequential one
+token for token: the same rows (every StepTable column), responses, token ids and errors,
+whatever the timing; the log-probs agree to float rounding (a row is decoded in other
+company: 1e-5, as in test_rollout_streams.py). For a fixed P a row's company is fixed (its
+piece's live rows), so two overlapped rollouts agree bit for bit, log-probs included,
+whatever the step times.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from rollout_fakes import CounterEnv, CounterSpec
 
 from mcgpo.rollout import CollectOptions, collect
 from mcgpo.rollout import group_rollout as rollout_module
+from mcgpo.rollout.group_rollout import env_pieces
 
 N = 3
 OPTIONS = {"split": "train", "temperature": 1.0, "history": 2, "max_new_tokens": 6}
@@ -48,15 +51,30 @@ def assert_same_rollout(a, b):
     }
 
 
-@settings(max_examples=6, deadline=None)
+def test_pieces_are_contiguous_blocks_of_near_equal_size():
+    assert env_pieces(8, 2) == [range(0, 4), range(4, 8)]
+    assert env_pieces(8, 3) == [range(0, 2), range(2, 5), range(5, 8)]
+    assert env_pieces(3, 5) == [range(0, 1), range(1, 2), range(2, 3)]  # empty ones left out
+
+
+@pytest.mark.parametrize("pieces", [1, 0, True, 2.0, "3"])
+def test_bad_piece_counts_are_refused_in_one_line(pieces):
+    with pytest.raises(ValueError, match=r"^overlap_pieces must be an integer >= 2, got "):
+        CollectOptions(group_size=N, **OPTIONS, overlap_pieces=pieces)
+
+
+@settings(max_examples=8, deadline=None)
 @given(
     st.lists(st.integers(0, 8), min_size=1, max_size=4),
     st.integers(0, 2**31),
     st.sampled_from(["dynamic", "static"]),
+    st.integers(2, 7),
 )
-def test_overlapped_rollout_is_the_sequential_one(counter_policy, tasks, seed, sampler):
+def test_overlapped_rollout_is_the_sequential_one(counter_policy, tasks, seed, sampler, pieces):
     sequential = run(counter_policy, tasks, seed=seed, sampler=sampler)
-    overlapped = run(counter_policy, tasks, seed=seed, sampler=sampler, overlap_env=True)
+    overlapped = run(
+        counter_policy, tasks, seed=seed, sampler=sampler, overlap_env=True, overlap_pieces=pieces
+    )
     assert len(sequential.table) > 0
     assert_same_rollout(sequential, overlapped)
 
@@ -81,20 +99,38 @@ class ServedCounter(SlowCounter):
     concurrent_steps = True
 
 
+@pytest.mark.parametrize("pieces", [2, 3, 5])
 @pytest.mark.parametrize("env", [SlowCounter, ServedCounter])
-def test_random_step_times_and_a_failing_environment_change_nothing(counter_policy, env):
+def test_random_step_times_and_a_failing_environment_change_nothing(counter_policy, env, pieces):
     tasks = [4, 1, 5, 2]
     sequential = run(counter_policy, tasks, env=env, seed=3)
-    overlapped = run(counter_policy, tasks, env=env, seed=3, overlap_env=True)
+    overlapped = run(
+        counter_policy, tasks, env=env, seed=3, overlap_env=True, overlap_pieces=pieces
+    )
     assert sequential.errors and sequential.table.errored.any()  # task 4's siblings failed
     assert_same_rollout(sequential, overlapped)
 
 
+@pytest.mark.parametrize("sampler", ["dynamic", "static"])
+@pytest.mark.parametrize("env", [SlowCounter, ServedCounter])
+def test_a_fixed_piece_count_reproduces_the_log_probs_bit_for_bit(counter_policy, env, sampler):
+    """Random step times change the order in which the pieces decode, never a row's company."""
+    tasks = [4, 1, 5, 2, 0]
+    kw = {"env": env, "seed": 11, "sampler": sampler, "overlap_env": True, "overlap_pieces": 3}
+    first, second = run(counter_policy, tasks, **kw), run(counter_policy, tasks, **kw)
+    assert_same_rollout(first, second)
+    assert torch.equal(first.tokens.old_log_probs, second.tokens.old_log_probs)
+
+
 @pytest.mark.slow
-def test_environments_in_worker_processes_overlap_the_same(counter_policy):
+@pytest.mark.parametrize("pieces", [2, 3])
+def test_environments_in_worker_processes_overlap_the_same(counter_policy, pieces):
     tasks = [0, 1, 2]
     sequential = run(counter_policy, tasks, env=CounterSpec(), seed=5, workers=2)
-    overlapped = run(counter_policy, tasks, env=CounterSpec(), seed=5, workers=2, overlap_env=True)
+    overlapped = run(
+        counter_policy, tasks, env=CounterSpec(), seed=5, workers=2, overlap_env=True,
+        overlap_pieces=pieces,
+    )  # fmt: skip
     assert_same_rollout(sequential, overlapped)
 
 

@@ -6,12 +6,15 @@ same seed (the same task). Environment ``e = g * N + slot`` plays task ``tasks[g
 rows get ``group = g`` (the position in ``tasks``; a seed listed twice gives two groups),
 ``slot`` and ``traj = e``. Every turn, the prompts of all live environments go through one
 :func:`~mcgpo.rollout.sampler.sample` call; the parsed actions go through one
-``EnvPool.step``. With ``overlap_env`` the environments play in two halves in ping-pong:
-one half's environments step (in a thread) while the other half decodes; each environment
-still sees the same prompts and draws from its own generator, so the rollout is the same,
-token for token (tested). What it saves depends on how decoding and stepping cost scale
-with the number of rows (docs/async.md works it out; ``benchmarks/bench_async.py``
-measures).
+``EnvPool.step``. With ``overlap_env`` the environments play in ``overlap_pieces`` fixed
+pieces (contiguous blocks, :func:`env_pieces`): a piece's environments step (in a thread)
+while other pieces decode, and the decoder takes the pieces in the order their steps
+finish. A piece's turn is one sampler call holding exactly that piece's live rows, so the
+company a row is decoded in never depends on the timing (the log-probs are the same, bit
+for bit, run after run); each environment still sees the same prompts and draws from its
+own generator, so the rollout is the sequential one, token for token (tested). What it
+saves depends on how decoding and stepping cost scale with the number of rows
+(docs/async.md works it out; ``benchmarks/bench_async.py`` measures).
 
 Sampling: every environment draws its tokens from its own generator, seeded from
 ``(seed, group_offset + g, slot)`` (:func:`sampling_generators`), and the sampler draws each
@@ -38,6 +41,9 @@ Environments step in this process by default; ``workers > 0`` steps them in that
 processes (``EnvPool.in_workers``: ``env_factory`` must then be picklable, e.g.
 :class:`~mcgpo.envs.workers.EnvSpec`), where a step past ``step_timeout`` seconds or one that
 kills its worker also costs just its trajectory. Both give the same rollout for the same seeds.
+A caller that plays many rollouts can build the pool once (:func:`open_pool`) and hand it to
+every ``collect`` (``pool=``): each rollout resets every slot, so a kept pool gives the
+rollouts of fresh ones (tested), without starting the worker processes again.
 
 Prompt budget: a prompt longer than ``max_prompt_tokens`` is re-rendered without history
 (verl-agent's WebShop rule, made general); if still too long its oldest tokens are cut
@@ -47,11 +53,13 @@ Prompt budget: a prompt longer than ``max_prompt_tokens`` is re-rendered without
 from __future__ import annotations
 
 import contextlib
+import queue
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
+from itertools import pairwise
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -70,7 +78,9 @@ __all__ = [
     "CollectOptions",
     "Rollout",
     "collect",
+    "env_pieces",
     "eos_ids",
+    "open_pool",
     "sampling_generators",
 ]
 
@@ -103,7 +113,8 @@ class CollectOptions:
     step_timeout: float = DEFAULT_STEP_TIMEOUT  # seconds per step in a worker (workers > 0)
     sampler: str = "dynamic"  # "dynamic" (sampler.sample) or "static" (static_decode)
     decode_attention: str = "gqa"  # the static sampler's single-token attention (or "sdpa")
-    overlap_env: bool = False  # two halves in ping-pong: one steps while the other decodes
+    overlap_env: bool = False  # pieces of the rows: some step while others decode
+    overlap_pieces: int = 2  # how many fixed pieces with overlap_env (>= 2)
 
     def __post_init__(self) -> None:
         if self.group_size < 1:
@@ -118,6 +129,9 @@ class CollectOptions:
                 raise ValueError(f"{name} must be >= 1 or None, got {value}")
         if self.response_format is not None:
             stop_strings(self.response_format)  # an unknown format is named
+        p = self.overlap_pieces
+        if isinstance(p, bool) or not isinstance(p, int) or p < 2:
+            raise ValueError(f"overlap_pieces must be an integer >= 2, got {p!r}")
         for name in ("workers", "group_offset"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -158,6 +172,7 @@ def collect(
     *,
     engine: Any = None,
     on_turn: Callable[[int, int], None] | None = None,
+    pool: EnvPool | None = None,
 ) -> Rollout:
     """Play every task with ``options.group_size`` siblings; return the rows, tokens, stats.
 
@@ -172,6 +187,9 @@ def collect(
             of ``options.sampler``, with the same prompts, budget, stops and generators.
         on_turn: called before each turn and at the end with (episodes finished, episodes
             in all): the caller's progress display (nothing here prints).
+        pool: the environments to play in, ``len(tasks) * group_size`` of them, kept by the
+            caller across rollouts (:func:`open_pool`; every slot is reset here, the pool is
+            not closed); None: a pool is built from ``env_factory`` and closed at the end.
     """
     if len(tasks) == 0:
         raise ValueError("tasks is empty: give at least one task seed")
@@ -180,7 +198,10 @@ def collect(
     sampling = _sampling(model, tokenizer, options, n_env, engine)
     seeds = [int(tasks[e // options.group_size]) for e in range(n_env)]
     tally = Tally()
-    with _pool(env_factory, n_env, options) as pool:
+    if pool is not None and len(pool) != n_env:
+        raise ValueError(f"pool has {len(pool)} environments, the rollout needs {n_env}")
+    kept = pool is not None
+    with contextlib.nullcontext(pool) if kept else open_pool(env_factory, n_env, options) as pool:
         limits = [options.max_turns or turns for turns in pool.max_turns]
         t_env = time.perf_counter()
         first = pool.reset(seeds, options.split)
@@ -190,7 +211,7 @@ def collect(
         trajs = [Trajectory() for _ in range(n_env)]
         turns = _Turns(sampling, pool, limits, current, trajs, task_type, tally, on_turn)
         if options.overlap_env and n_env > 1:
-            turns.play_overlapped([range(n_env // 2), range(n_env // 2, n_env)])
+            turns.play_overlapped(env_pieces(n_env, options.overlap_pieces))
         else:
             while live := turns.live(range(n_env), report=True):
                 decoded = turns.decode(live)
@@ -201,8 +222,9 @@ def collect(
     return replace(rollout, errors={int(e): str(m) for e, m in pool.errors.items()})
 
 
-def _pool(env_factory: Callable[[], Env], n_env: int, opts: CollectOptions) -> EnvPool:
-    """The environments of one collection: here, or in ``opts.workers`` processes."""
+def open_pool(env_factory: Callable[[], Env], n_env: int, opts: CollectOptions) -> EnvPool:
+    """``n_env`` environments for :func:`collect`: here, or in ``opts.workers`` processes
+    (``opts.step_timeout`` per step); the caller closes it."""
     if opts.workers == 0:
         return EnvPool([env_factory() for _ in range(n_env)])
     return EnvPool.in_workers(
@@ -230,6 +252,14 @@ def _sampling(
         generators=sampling_generators(opts, n_env // opts.group_size, device),
         engine=engine,
     )
+
+
+def env_pieces(n_env: int, pieces: int) -> list[range]:
+    """Environments ``0 .. n_env - 1`` cut into ``pieces`` contiguous blocks whose sizes
+    differ by at most one (block p starts at ``n_env * p // pieces``); empty blocks (more
+    pieces than environments) are left out."""
+    bounds = [n_env * p // pieces for p in range(pieces + 1)]
+    return [range(a, b) for a, b in pairwise(bounds) if b > a]
 
 
 def sampling_generators(
@@ -274,6 +304,7 @@ class _Turns:
     task_type: list[str]
     tally: Tally
     on_turn: Callable[[int, int], None] | None = None  # (episodes finished, episodes)
+    counting: threading.Lock = field(default_factory=threading.Lock)  # tally.env_seconds
 
     def live(self, envs: Iterable[int], report: bool = False) -> list[int]:
         """The environments of ``envs`` that play another turn; with ``report``, ``envs``
@@ -306,16 +337,14 @@ class _Turns:
         )  # fmt: skip
         self.tally.sample_seconds += time.perf_counter() - t0
         texts = s.tokenizer.batch_decode(out.response_ids, skip_special_tokens=True)
-        self.decode_last = _Decoded(
-            live, prompts, out, texts, [parse_action(t, s.fmt) for t in texts]
-        )
-        return self.decode_last
+        return _Decoded(live, prompts, out, texts, [parse_action(t, s.fmt) for t in texts])
 
     def step(self, d: _Decoded) -> dict[int, Any]:
         """One ``EnvPool.step`` of ``d``'s actions (``time/env``)."""
         t0 = time.perf_counter()
         results = self.pool.step({e: d.parsed[j][0] for j, e in enumerate(d.live)})
-        self.tally.env_seconds += time.perf_counter() - t0
+        with self.counting:  # pieces may step at once (play_overlapped)
+            self.tally.env_seconds += time.perf_counter() - t0
         return results
 
     def record(self, d: _Decoded, results: dict[int, Any]) -> None:
@@ -343,11 +372,13 @@ class _Turns:
             tr.texts.append(d.texts[j])
             self.current[e] = res.observation
 
-    def play_overlapped(self, halves: list[range]) -> None:
-        """Ping-pong of two halves of the environments: half A's environments step (in a
-        thread) while half B decodes, then B's step while A decodes its next turn. A half
-        decodes only after its own last step is recorded. Where the pool allows it
-        (``EnvPool.steps_at_once``: I/O-bound environments) the two halves' steps may also
+    def play_overlapped(self, pieces: list[range]) -> None:
+        """The pieces' turns overlapped: a piece's environments step (in a thread) while
+        other pieces decode. The decoder takes the pieces in the order their steps finish
+        (a queue, so it never waits while a piece is ready); a piece decodes only after its
+        own last step is recorded, in one sampler call holding exactly its live rows (the
+        same company whatever the timing). Where the pool allows it
+        (``EnvPool.steps_at_once``: I/O-bound environments) several pieces' steps may also
         overlap each other; otherwise they take turns on a lock (worker processes).
         """
         one_at_a_time = contextlib.nullcontext() if self.pool.steps_at_once else threading.Lock()
@@ -356,20 +387,26 @@ class _Turns:
             with one_at_a_time:
                 return self.step(d)
 
-        with ThreadPoolExecutor(len(halves), thread_name_prefix="env-step") as stepper:
-            in_flight: dict[int, tuple[_Decoded, Future]] = {}
-            while True:
-                for h, half in enumerate(halves):
-                    if h in in_flight:  # overlapped with the other half's decode
-                        decoded, future = in_flight.pop(h)
-                        self.record(decoded, future.result())
-                        self.live(range(len(self.trajs)), report=True)
-                    live = self.live(half)
-                    if live:
-                        decoded = self.decode(live)
-                        in_flight[h] = (decoded, stepper.submit(step, decoded))
-                if not in_flight:
-                    return
+        ready: queue.SimpleQueue[int] = queue.SimpleQueue()
+        for p in range(len(pieces)):
+            ready.put(p)  # the first turns in piece order
+        in_flight: dict[int, tuple[_Decoded, Future]] = {}
+        playing = len(pieces)
+        with ThreadPoolExecutor(len(pieces), thread_name_prefix="env-step") as stepper:
+            while playing:
+                p = ready.get()
+                if p in in_flight:  # its step ran beside other pieces' decodes
+                    decoded, future = in_flight.pop(p)
+                    self.record(decoded, future.result())
+                    self.live(range(len(self.trajs)), report=True)
+                live = self.live(pieces[p])
+                if not live:
+                    playing -= 1
+                    continue
+                decoded = self.decode(live)
+                future = stepper.submit(step, decoded)
+                future.add_done_callback(lambda _, p=p: ready.put(p))
+                in_flight[p] = (decoded, future)
 
 
 def _engine_sample(engine: Any) -> Callable[..., Any]:

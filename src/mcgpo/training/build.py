@@ -125,6 +125,7 @@ def collect_options(
         sampler=cfg.rollout.sampler,
         decode_attention=cfg.rollout.decode_attention,
         overlap_env=cfg.rollout.overlap_env,
+        overlap_pieces=cfg.rollout.overlap_pieces,
     )
 
 

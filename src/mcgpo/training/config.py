@@ -134,14 +134,19 @@ class RolloutConfig:
     )
     overlap_env: bool = option(
         False,
-        "environment steps overlapped with decoding: two halves of the rollouts in ping-pong "
-        "(the same tokens and episodes, faster where environments are slow; docs/async.md)",
+        "environment steps overlapped with decoding: rollout.overlap_pieces pieces of the "
+        "rollouts, some step while others decode (the same tokens and episodes, faster "
+        "where environments are slow; docs/async.md)",
+    )
+    overlap_pieces: int = option(
+        2, "rollout.overlap_env: fixed pieces the rollouts are cut into (>= 2; docs/async.md)"
     )
 
     def check(self) -> None:
         for name in ("groups", "group_size", "max_new_tokens", "max_prompt_tokens"):
             at_least(f"rollout.{name}", getattr(self, name), 1)
         at_least("rollout.history", self.history, 0)
+        at_least("rollout.overlap_pieces", self.overlap_pieces, 2)
         if not self.temperature > 0:  # greedy siblings would all act alike: nothing to compare
             raise ConfigError(
                 f"rollout.temperature must be > 0 (at 0 the N siblings of a task act alike), "

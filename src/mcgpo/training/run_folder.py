@@ -63,6 +63,7 @@ RESUMABLE = {
     "eval.split",
     "eval.temperature",
     "rollout.overlap_env",  # environment steps overlapped with decoding: the same rollouts
+    "rollout.overlap_pieces",
 }
 
 

@@ -57,9 +57,9 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from itertools import pairwise
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
+from itertools import pairwise
 from typing import Any
 
 import numpy as np

@@ -160,13 +160,15 @@ def test_random_delays_change_nothing_and_every_batch_has_one_version(run, tmp_p
     numbers = {rollout_seed(0, v): v for v in range(1, updates + lag + 2)}
     real_collect, real_batch, real_update = pipeline.collect, pipeline.collect_batch, None
 
-    def watched_collect(model, tokenizer, make_env, tasks, options, engine=None):
+    def watched_collect(model, tokenizer, make_env, tasks, options, engine=None, pool=None):
         v = numbers[options.seed]
         hook = model.register_forward_pre_hook(
             lambda m, a: seen.setdefault(v, set()).add(_fingerprint(m))
         )
         try:
-            return real_collect(model, tokenizer, make_env, tasks, options, engine=engine)
+            return real_collect(
+                model, tokenizer, make_env, tasks, options, engine=engine, pool=pool
+            )
         finally:
             hook.remove()
 

@@ -18,7 +18,8 @@ Two ways to step, the same results for the same seeds and actions:
   (:class:`~mcgpo.envs.workers.EnvSpec`), stepped in parallel. A step that runs past ``T``
   seconds or kills its worker also marks just that slot errored; the worker is restarted and
   its other slots are rebuilt by replaying their actions. Close the pool (``close()`` or a
-  ``with`` block) to stop the workers.
+  ``with`` block) to stop the workers. A pool may be kept for many rollouts: ``reset``
+  starts again a worker that died between them (or could not be restarted before).
 
 Environments that wait on I/O rather than compute, such as a served environment's client
 (:class:`~mcgpo.envs.serving.client.RemoteEnv`, which says ``concurrent_steps = True``), are
@@ -190,6 +191,8 @@ class EnvPool:
             raise PoolError(f"reset got {len(seeds)} seeds for {n} environments")
         self._setup(n)
         self._restarts_before = self._restarts()
+        if self._workers is not None:  # a kept pool: workers that died since run again
+            self._workers.revive()
         results = self._run({i: ("reset", seed, split) for i, seed in enumerate(seeds)})
         out: list[Observation | None] = []
         for i, seed in enumerate(seeds):

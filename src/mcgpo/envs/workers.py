@@ -213,6 +213,27 @@ class WorkerSet:
         """Why the worker of ``slot`` could not be restarted, or None while it works."""
         return self._broken.get(slot % len(self._workers))
 
+    def revive(self) -> None:
+        """Before every slot is reset (a kept pool's next rollout): start again the workers
+        that died while idle or could not be restarted (counted in ``restarts``); one that
+        still cannot start stays broken, its slots failing with the reason."""
+        if self._finalizer.alive is False:
+            raise WorkerError("the worker processes were closed")
+        for w, worker in enumerate(self._workers):
+            if w not in self._broken and worker.process.is_alive():
+                continue
+            if w not in self._broken:
+                worker.kill()
+            self.restarts += 1
+            try:
+                fresh = _Worker(self._ctx, self.factory, self._slots[w])
+                fresh.ready()
+            except WorkerError as err:
+                self._broken[w] = f"its worker could not be restarted: {err}"
+                continue
+            self._workers[w] = fresh
+            self._broken.pop(w, None)
+
     def run(self, jobs: dict[int, tuple]) -> dict[int, tuple[bool, Any]]:
         """Run each slot's job in its worker, all workers at once; see the class docstring."""
         if self._finalizer.alive is False:

@@ -13,6 +13,7 @@ is every episode played.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import sys
@@ -34,6 +35,7 @@ from mcgpo.training.distributed import (
     rank_block,
     union_tables,
 )
+from mcgpo.training.env_pools import RunPools
 from mcgpo.training.metrics import ProgressBar, Table
 from mcgpo.training.setup import RunSetup, prepare
 
@@ -73,7 +75,12 @@ def episode_summary(table: StepTable, prefix: str) -> dict[str, float]:
 
 
 def evaluate(
-    setup: RunSetup, world: World = SINGLE, *, engine: Any = None, show: bool = False
+    setup: RunSetup,
+    world: World = SINGLE,
+    *,
+    engine: Any = None,
+    show: bool = False,
+    pools: RunPools | None = None,
 ) -> dict[str, float]:
     """One episode per held-out task at ``eval.temperature`` with the policy of ``setup`` (as
     it is now); returns ``eval/*`` metrics (empty when ``eval.tasks`` is 0). ``engine``: a
@@ -82,7 +89,8 @@ def evaluate(
 
     With W > 1 processes each rank plays a contiguous block of the held-out tasks; the
     StepTables are gathered and every rank returns the metrics of their union. ``show``: a
-    progress bar over the episodes on stderr (this rank's)."""
+    progress bar over the episodes on stderr (this rank's). ``pools``: a training run's kept
+    environment pools (the episodes play in its ``"eval"`` pool); None: a pool of their own."""
     cfg = setup.cfg
     if cfg.eval.tasks == 0:
         return {}
@@ -101,15 +109,20 @@ def evaluate(
     table, errored = None, 0
     bar = ProgressBar(len(tasks), enabled=show, desc="eval", unit="episode", leave=False)
     if tasks:  # a rank can have no task when there are fewer tasks than ranks
-        rollout = collect(
-            setup.model,
-            setup.tokenizer,
-            setup.make_env,
-            tasks,
-            options,
-            engine=engine,
-            on_turn=bar.reach,
-        )
+        kept = contextlib.nullcontext(None)
+        if pools is not None:
+            kept = pools.lease("eval", setup.make_env, len(tasks), options)
+        with kept as pool:
+            rollout = collect(
+                setup.model,
+                setup.tokenizer,
+                setup.make_env,
+                tasks,
+                options,
+                engine=engine,
+                on_turn=bar.reach,
+                pool=pool,
+            )
         table, errored = rollout.table, int(rollout.stats["errored_trajectories"])
     bar.close()
     parts = gather_objects((table, errored), world)

@@ -90,7 +90,8 @@ def collect_batch(
     sampled by ``model`` with the seed of batch ``number``; with the collection's peak memory
     and its seconds of environment steps and of decoding (``time/env``, ``time/decode``),
     and (compiled static sampler) its ``rollout/compile_*`` graph counts.
-    ``tokenizer``: the run's, unless given (the producer's own copy)."""
+    ``tokenizer``: the run's, unless given (the producer's own copy). The environments are
+    the run's kept training pool (``run.env_pools``, :mod:`mcgpo.training.env_pools`)."""
     cfg, world = run.cfg, run.world
     block = rank_block(cfg.rollout.groups, world)
     tasks = [task_cursor + g for g in block]
@@ -107,7 +108,11 @@ def collect_batch(
     memory = PeakMemory.start(cfg.device, "rollout")
     with compute(cfg.train.precision, cfg.device):  # the sampler in the update's precision
         tokenizer = run.tokenizer if tokenizer is None else tokenizer
-        rollout = collect(model, tokenizer, run.make_env, tasks, options, engine=run.engine)
+        n_env = len(tasks) * options.group_size
+        with run.env_pools.lease("train", run.make_env, n_env, options) as pool:
+            rollout = collect(
+                model, tokenizer, run.make_env, tasks, options, engine=run.engine, pool=pool
+            )
     stats = memory.stop()
     stats["time/env"] = rollout.stats.get("env_seconds", 0.0)
     stats["time/decode"] = rollout.stats.get("sample_seconds", 0.0)

@@ -58,6 +58,7 @@ from mcgpo.training.distributed import (
     sharded,
 )
 from mcgpo.training.engine import check_engine_installed, rollout_engine
+from mcgpo.training.env_pools import RunPools
 from mcgpo.training.metrics import MetricSinks, SilentSinks
 from mcgpo.training.pending import Batch, read_pending
 from mcgpo.training.presets import load_preset
@@ -109,6 +110,8 @@ class Run(RunSetup):
     # (mcgpo.training.pending), and the producer the loop starts (mcgpo.training.pipeline)
     pending: list[Any] = dataclasses.field(default_factory=list)
     rollouts: Any = None
+    # the environment pools kept across rollouts, closed at the run's end (env_pools.py)
+    env_pools: RunPools = dataclasses.field(default_factory=RunPools)
 
     def __post_init__(self) -> None:
         if self.learner is None:

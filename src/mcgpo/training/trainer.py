@@ -95,6 +95,7 @@ def train(cfg: RunConfig, command: str = "") -> Table:
         finally:
             if run.rollouts is not None:
                 run.rollouts.close()
+            run.env_pools.close()  # the kept environment pools' worker processes
             if run.engine is not None:
                 run.engine.close()
 
@@ -262,7 +263,8 @@ def _evaluate(run: Run) -> dict[str, float]:
     clock = time.perf_counter()
     # a policy sharded in place cannot generate: the engine, which holds its weights, plays
     engine = run.engine if holds_shards(run.model) else None
-    stats = evaluate(run, run.world, engine=engine, show=run.cfg.progress and run.world.main)
+    show = run.cfg.progress and run.world.main
+    stats = evaluate(run, run.world, engine=engine, show=show, pools=run.env_pools)
     if stats.get("eval/errored"):
         _warn(
             run,

@@ -45,7 +45,7 @@ def assert_same_rollout(a, b):
         ta.response_mask, tb.response_mask
     )
     torch.testing.assert_close(ta.old_log_probs, tb.old_log_probs, atol=1e-5, rtol=0)
-    timing = ("seconds", "sample_seconds", "env_seconds")
+    timing = ("seconds", "sample_seconds", "env_seconds", "chain_seconds")
     assert {k: v for k, v in a.stats.items() if k not in timing} == {
         k: v for k, v in b.stats.items() if k not in timing
     }
@@ -109,6 +109,12 @@ def test_random_step_times_and_a_failing_environment_change_nothing(counter_poli
     )
     assert sequential.errors and sequential.table.errored.any()  # task 4's siblings failed
     assert_same_rollout(sequential, overlapped)
+    # the longest chain of calls one environment waited on: within the wall time; in the
+    # sequential rollout every live environment is in every call
+    for r in (sequential, overlapped):
+        assert 0 < r.stats["chain_seconds"] <= r.stats["seconds"]
+    s = sequential.stats
+    assert s["chain_seconds"] <= s["sample_seconds"] + s["env_seconds"] + 1e-9
 
 
 @pytest.mark.parametrize("sampler", ["dynamic", "static"])

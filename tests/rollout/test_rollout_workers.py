@@ -15,7 +15,7 @@ from mcgpo.envs.workers import EnvSpec
 from mcgpo.rollout import CollectOptions, collect
 
 RECIPE = {"split": "train", "temperature": 1.0, "history": 2}
-TIMINGS = {"seconds", "sample_seconds", "env_seconds"}
+TIMINGS = {"seconds", "sample_seconds", "env_seconds", "chain_seconds"}
 
 
 def same_rollout(a, b) -> None:

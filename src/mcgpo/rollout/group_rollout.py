@@ -205,11 +205,12 @@ def collect(
         limits = [options.max_turns or turns for turns in pool.max_turns]
         t_env = time.perf_counter()
         first = pool.reset(seeds, options.split)
-        tally.env_seconds += time.perf_counter() - t_env
+        tally.env_seconds = time.perf_counter() - t_env
+        chain = [tally.env_seconds] * n_env  # each row's chain of calls (below)
         current: list[Observation | None] = list(first)
         task_type = ["" if o is None else o.task_type for o in first]
         trajs = [Trajectory() for _ in range(n_env)]
-        turns = _Turns(sampling, pool, limits, current, trajs, task_type, tally, on_turn)
+        turns = _Turns(sampling, pool, limits, current, trajs, task_type, tally, chain, on_turn)
         if options.overlap_env and n_env > 1:
             turns.play_overlapped(env_pieces(n_env, options.overlap_pieces))
         else:
@@ -219,6 +220,9 @@ def collect(
         turns.live(range(n_env), report=True)  # the end: every episode finished
     errored = [bool(pool.errored[e]) for e in range(n_env)]
     rollout = assemble(trajs, errored, sampling.pad, tally, start)
+    # the longest chain of calls one environment waited on (reset, its decodes, its steps):
+    # no schedule of these calls ends sooner (docs/async.md, "Measured")
+    rollout.stats["chain_seconds"] = max(chain)
     return replace(rollout, errors={int(e): str(m) for e, m in pool.errors.items()})
 
 
@@ -303,6 +307,7 @@ class _Turns:
     trajs: list[Trajectory]
     task_type: list[str]
     tally: Tally
+    chain: list[float]  # per environment: seconds of the decode and step calls it was in
     on_turn: Callable[[int, int], None] | None = None  # (episodes finished, episodes)
     counting: threading.Lock = field(default_factory=threading.Lock)  # tally.env_seconds
 
@@ -335,7 +340,10 @@ class _Turns:
             eos_token_id=s.eos, pad_token_id=s.pad, stop_strings=s.stops, tokenizer=s.tokenizer,
             generator=[s.generators[e] for e in live], **extra,
         )  # fmt: skip
-        self.tally.sample_seconds += time.perf_counter() - t0
+        seconds = time.perf_counter() - t0
+        self.tally.sample_seconds += seconds
+        for e in live:
+            self.chain[e] += seconds
         texts = s.tokenizer.batch_decode(out.response_ids, skip_special_tokens=True)
         return _Decoded(live, prompts, out, texts, [parse_action(t, s.fmt) for t in texts])
 
@@ -343,8 +351,11 @@ class _Turns:
         """One ``EnvPool.step`` of ``d``'s actions (``time/env``)."""
         t0 = time.perf_counter()
         results = self.pool.step({e: d.parsed[j][0] for j, e in enumerate(d.live)})
+        seconds = time.perf_counter() - t0
         with self.counting:  # pieces may step at once (play_overlapped)
-            self.tally.env_seconds += time.perf_counter() - t0
+            self.tally.env_seconds += seconds
+            for e in d.live:
+                self.chain[e] += seconds
         return results
 
     def record(self, d: _Decoded, results: dict[int, Any]) -> None:

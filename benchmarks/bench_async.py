@@ -1,29 +1,40 @@
 """Seconds per update with rollouts overlapping the update (``train.async_lag``) and
-environment steps overlapping decoding (``rollout.overlap_env``), printed as tables.
+environment steps overlapping decoding (``rollout.overlap_env``, ``rollout.overlap_pieces``),
+printed as tables.
 
-Cells: k = 0 / 1 x sequential / overlapped environment steps, on
+Rows: k = 0 / 1 x sequential / overlapped environment steps in P pieces (``--pieces``), on
 
 (a) ``smoke``: the household-smoke preset as it is (2 tasks x 4 siblings, 3 turns, 4-token
     actions, one CPU thread), evaluation and intermediate checkpoints off;
-(b) ``served``: the same with every environment step taking ``--step-ms`` (20, 200 ms) more, a
-    stand-in for a served or slow engine: the wrapper waits (``time.sleep``, no CPU) and
-    says ``concurrent_steps`` as the served environment's client does, so a turn's steps
-    wait about one latency together, not one per slot (envs/pool.py);
-(c) ``alfworld``: the real ALFWorld engine in 2 worker processes (``--alfworld`` or
-    ``--cells alfworld``; needs the alfworld extra: skipped with the reason otherwise).
+(b1) ``latency:L``: every environment step waits L ms more (``time.sleep``, no CPU) and
+    says ``concurrent_steps`` as a served environment's client does: all steps of a turn
+    wait one latency together, however many rows (latency-bound: E does not grow with rows);
+(b2) ``slots:L``: every step waits L ms in one of ``--slots`` W slots (a semaphore): a
+    server or engine that steps W environments at a time, so E grows with the rows
+    (throughput-bound), as the real engine in W worker processes;
+(c) ``alfworld``: the real ALFWorld engine in 2 worker processes (``--cells alfworld``;
+    needs the alfworld extra and its data: skipped with the reason otherwise). The run keeps
+    its worker pool across rollouts (training/env_pools.py), so the pool's start is paid
+    once per run, not in every rollout.
 
 Every cell is one ``mcgpo train`` run in this process (``--updates`` updates, same seed and
-policy); the period is the mean gap between the update records' time stamps after the
-first update (so start-up and the first batch are left out). The phases are the run's own
-metrics: ``time/decode`` and ``time/env`` (summed inside a rollout; with overlapped steps
-they run at once), ``rollout/seconds`` (the rollout's wall time), ``time/update``, and for
-k = 1 ``time/wait_rollout`` (the learner waiting for the producer).
+policy); the rows of a cell run ``--repeats`` times, interleaved (A B C A B C ...), and the
+table prints the median of the repeats (and min-max where it matters): a busy machine's
+noise shows. The period is the mean gap between the update records' time stamps after the
+first update (start-up and the first batch left out). The phases are the run's own metrics
+(means per update): ``rollout/seconds`` (the rollout's wall time), ``time/decode`` and
+``time/env`` (sums inside the rollout; overlapped, they run at once),
+``rollout/chain_seconds`` (the longest chain of calls one environment waited on: reset,
+the decodes and steps it was in, which no schedule of those calls beats), ``time/update``
+(+ credit), and for k = 1 ``time/wait_rollout``. ``D_seq`` and ``E_seq`` are the decode and
+environment seconds of the *sequential* rows of the same cell and k: the issue's goal is a
+rollout within 15 % of max(D_seq, E_seq).
 
 Then a short model of a GPU where rollout >> update (no measurement: the formulas with
 stated costs).
 
-Run:  nice python benchmarks/bench_async.py [--updates 8] [--step-ms 20 200]
-      [--cells smoke served] [--alfworld]
+Run:  nice python benchmarks/bench_async.py [--updates 3] [--repeats 3] [--pieces 2 4]
+      [--cells smoke latency:20 slots:20 alfworld] [--slots 2]
 """
 
 from __future__ import annotations
@@ -32,10 +43,12 @@ import argparse
 import datetime
 import json
 import os
+import statistics
 import tempfile
+import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from machine import cpu_name
 from mcgpo.cli import resolve
@@ -43,27 +56,34 @@ from mcgpo.envs import ENVIRONMENTS, make_env
 
 
 class DelayedEnv:
-    """An environment whose steps take ``seconds`` longer (waiting, not computing)."""
+    """An environment whose steps take ``seconds`` longer (waiting, not computing); with
+    ``slots``, at most that many steps wait at once (shared by every instance)."""
 
     concurrent_steps = True  # as RemoteEnv: the pool steps its slots from threads
+    _slots: ClassVar[dict[int, threading.Semaphore]] = {}
 
-    def __init__(self, inner: Any, seconds: float) -> None:
+    def __init__(self, inner: Any, seconds: float, slots: int = 0) -> None:
         self.inner, self.seconds = inner, seconds
         self.max_turns = inner.max_turns
+        self.gate = self._slots.setdefault(slots, threading.Semaphore(slots)) if slots else None
 
     def reset(self, seed: int = 0, split: str = "train") -> Any:
         return self.inner.reset(seed=seed, split=split)
 
     def step(self, action: str) -> Any:
-        time.sleep(self.seconds)
+        if self.gate is None:
+            time.sleep(self.seconds)
+        else:
+            with self.gate:
+                time.sleep(self.seconds)
         return self.inner.step(action)
 
     def expert_action(self) -> str:
         return self.inner.expert_action()
 
 
-def _served(step_ms: float = 20.0, **options: Any) -> DelayedEnv:
-    return DelayedEnv(make_env("household", **options), step_ms / 1000)
+def _delayed(step_ms: float = 20.0, slots: int = 0, **options: Any) -> DelayedEnv:
+    return DelayedEnv(make_env("household", **options), step_ms / 1000, slots)
 
 
 def policy(folder: Path) -> Path:
@@ -98,29 +118,44 @@ def one_run(args: list[str]) -> dict[str, float]:
         "rollout": mean("rollout/seconds"),
         "decode": mean("time/decode"),
         "env": mean("time/env"),
+        "chain": mean("rollout/chain_seconds"),
         "update": mean("time/update") + mean("time/credit"),
         "wait": mean("time/wait_rollout"),
     }
 
 
-def table(name: str, rows: dict[tuple[int, bool], dict[str, float]]) -> None:
-    base = rows[(0, False)]["period"]
+def median(runs: list[dict[str, float]], key: str) -> float:
+    return statistics.median(r[key] for r in runs)
+
+
+def spread(runs: list[dict[str, float]], key: str) -> str:
+    values = [r[key] for r in runs]
+    text = f"{statistics.median(values):.3f}"
+    return text if len(values) == 1 else f"{text} ({min(values):.2f}-{max(values):.2f})"
+
+
+def table(name: str, rows: dict[tuple[int, int], list[dict[str, float]]]) -> None:
+    """One cell: (k, P) -> the repeats' measurements; P = 0 is the sequential rollout."""
+    base = median(rows[(0, 0)], "period")
     print(f"\n### ({name}\n")
     print(
-        "| k | env steps | s / update | vs k=0 seq. | rollout s | decode s | env s "
+        "| k | env steps | s / update | vs k=0 seq. | rollout s | decode s | env s | chain s "
         "| update s | learner waits s | period / max(rollout, update) "
-        "| rollout / max(decode, env) |"
+        "| rollout / max(D_seq, E_seq) | rollout / chain |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
-    for (k, overlap), r in rows.items():
-        bound = max(r["rollout"], r["update"])
-        inner = max(r["decode"], r["env"])
-        wait = f"{r['wait']:.3f}" if k else "–"
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for (k, pieces), runs in rows.items():
+        m = {key: median(runs, key) for key in runs[0]}
+        seq = rows[(k, 0)]
+        target = max(median(seq, "decode"), median(seq, "env"))
+        steps = f"overlapped, P = {pieces}" if pieces else "sequential"
+        wait = f"{m['wait']:.3f}" if k else "–"
         print(
-            f"| {k} | {'overlapped' if overlap else 'sequential'} | {r['period']:.3f} "
-            f"| {base / r['period']:.2f}x | {r['rollout']:.3f} | {r['decode']:.3f} "
-            f"| {r['env']:.3f} | {r['update']:.3f} | {wait} | {r['period'] / bound:.2f} "
-            f"| {r['rollout'] / inner:.2f} |"
+            f"| {k} | {steps} | {spread(runs, 'period')} | {base / m['period']:.2f}x "
+            f"| {spread(runs, 'rollout')} | {m['decode']:.3f} | {m['env']:.3f} "
+            f"| {m['chain']:.3f} | {m['update']:.3f} | {wait} "
+            f"| {m['period'] / max(m['rollout'], m['update']):.2f} | {m['rollout'] / target:.2f} "
+            f"| {m['rollout'] / m['chain']:.2f} |"
         )
 
 
@@ -131,10 +166,11 @@ def gpu_model() -> None:
         "D: decoding, E: environment waits, U: update (+ credit), per update; one decode "
         "engine. k = 0: D + E + U. k = 1 with rollout and update on separate devices: "
         "max(D + E, U). k = 1 on one shared GPU (decode and update take turns on it, the "
-        "environment waits overlap the update): max(D + E, D + U). Overlapped steps, a "
-        "memory-bound decode (a half of the rows costs about a whole decode step, d = D) "
-        "and latency-bound steps (a half waits E too): a turn costs max(2D, D + E) in "
-        "place of D + E, so they pay only where E > D.\n"
+        "environment waits overlap the update): max(D + E, D + U). Overlapped steps in P "
+        "pieces, per turn: about max(P d, P e, d + e) with d, e a piece's decode and steps; "
+        "a memory-bound decode (a piece costs about a whole decode step, d = D) with "
+        "latency-bound steps (a piece waits E too) gives max(P D, D + E): it pays only "
+        "where E > D.\n"
     )
     print("| D | E | U | k=0 | k=1, two devices | k=1, one GPU | best speed-up |")
     print("|---|---|---|---|---|---|---|")
@@ -143,55 +179,63 @@ def gpu_model() -> None:
         print(f"| {d} | {e} | {u} | {k0} | {two} | {one} | {k0 / min(two, one):.2f}x |")
 
 
+CELL_NAMES = {
+    "smoke": "a) household-smoke",
+    "latency": "b1) household + {ms} ms per step, all steps at once (latency-bound)",
+    "slots": "b2) household + {ms} ms per step, {slots} at a time (throughput-bound)",
+    "alfworld": "c) ALFWorld engine, 2 worker processes",
+}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--updates", type=int, default=8)
-    parser.add_argument("--step-ms", type=float, nargs="+", default=[20.0, 200.0])
-    parser.add_argument("--cells", nargs="+", default=["smoke", "served"])
-    parser.add_argument("--alfworld", action="store_true", help="also (c) the ALFWorld engine")
+    parser.add_argument("--updates", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--pieces", type=int, nargs="+", default=[2, 4])
+    parser.add_argument("--slots", type=int, default=2, help="(b2): steps at a time")
+    parser.add_argument("--cells", nargs="+", default=["smoke", "latency:20", "slots:20"])
     args = parser.parse_args()
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # "Writing model shards" bars
-    ENVIRONMENTS["household-served"] = _served
-    cells = [c for c in args.cells if c != "served"]
-    if "served" in args.cells:
-        cells[1:1] = [f"served:{ms:g}" for ms in args.step_ms]
-    cells += ["alfworld"] if args.alfworld else []
+    ENVIRONMENTS["household-delayed"] = _delayed
+    configs = [(k, pieces) for k in (0, 1) for pieces in (0, *args.pieces)]
     with tempfile.TemporaryDirectory() as tmp:
         model = policy(Path(tmp) / "policy")
         print(
             f"# bench_async: {cpu_name()}, {os.cpu_count()} cores, "
-            f"{datetime.date.today().isoformat()}, {args.updates} updates per cell"
+            f"{datetime.date.today().isoformat()}, {args.updates} updates per run, "
+            f"{args.repeats} repeats per row (interleaved)"
         )
-        for cell in cells:
+        for cell in args.cells:
             kind, _, ms = cell.partition(":")
             env = {
                 "smoke": [],
-                "served": ["--env.name", "household-served", "--env.step_ms", ms],
+                "latency": ["--env.name", "household-delayed", "--env.step_ms", ms],
+                "slots": ["--env.name", "household-delayed", "--env.step_ms", ms,
+                          "--env.slots", str(args.slots)],
                 "alfworld": ["--env.name", "alfworld", "--env.workers", "2"],
-            }[kind]
+            }[kind]  # fmt: skip
             if kind == "alfworld":
                 try:
                     make_env("alfworld")
                 except (ImportError, ValueError, OSError) as err:
                     print(f"\n(c) ALFWorld engine: skipped ({str(err).splitlines()[0]})")
                     continue
-            rows = {}
-            for k in (0, 1):
-                for overlap in (False, True):
-                    out = str(Path(tmp) / f"{cell}-{k}-{overlap}")
+            rows: dict[tuple[int, int], list[dict[str, float]]] = {c: [] for c in configs}
+            for repeat in range(args.repeats):
+                for k, pieces in configs:
+                    out = str(Path(tmp) / f"{cell}-{k}-{pieces}-{repeat}")
                     flags = {
                         "--preset": "household-smoke", "--model": str(model), "--out": out,
                         "--train.updates": str(args.updates), "--eval.tasks": "0",
                         "--train.save_every": "0", "--progress": "false",
-                        "--train.async_lag": str(k), "--rollout.overlap_env": str(overlap).lower(),
+                        "--train.async_lag": str(k),
+                        "--rollout.overlap_env": str(bool(pieces)).lower(),
+                        "--rollout.overlap_pieces": str(max(pieces, 2)),
                     }  # fmt: skip
-                    rows[(k, overlap)] = one_run([*sum(flags.items(), ()), *env])
-            name = {"smoke": "a) household-smoke", "alfworld": "c) ALFWorld engine"}.get(
-                kind, f"b) household + {ms} ms per step (served stand-in)"
-            )
-            table(name, rows)
+                    rows[(k, pieces)].append(one_run([*sum(flags.items(), ()), *env]))
+            table(CELL_NAMES[kind].format(ms=ms, slots=args.slots), rows)
     gpu_model()
 
 

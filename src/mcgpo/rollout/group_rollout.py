@@ -53,13 +53,10 @@ Prompt budget: a prompt longer than ``max_prompt_tokens`` is re-rendered without
 from __future__ import annotations
 
 import contextlib
-import queue
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from itertools import pairwise
 from typing import Any
 
 import numpy as np
@@ -68,6 +65,7 @@ import torch
 from mcgpo.envs.pool import DEFAULT_STEP_TIMEOUT, EnvPool
 from mcgpo.envs.protocol import Env, Observation
 from mcgpo.rollout.decode_attention import DECODE_ATTENTIONS
+from mcgpo.rollout.overlap import env_pieces, play_overlapped
 from mcgpo.rollout.parsing import parse_action
 from mcgpo.rollout.prompts import default_response_format, prompt_ids, stop_strings
 from mcgpo.rollout.records import Rollout, Tally, Trajectory, assemble, record_turn
@@ -212,7 +210,7 @@ def collect(
         trajs = [Trajectory() for _ in range(n_env)]
         turns = _Turns(sampling, pool, limits, current, trajs, task_type, tally, chain, on_turn)
         if options.overlap_env and n_env > 1:
-            turns.play_overlapped(env_pieces(n_env, options.overlap_pieces))
+            play_overlapped(turns, env_pieces(n_env, options.overlap_pieces))
         else:
             while live := turns.live(range(n_env), report=True):
                 decoded = turns.decode(live)
@@ -258,14 +256,6 @@ def _sampling(
     )
 
 
-def env_pieces(n_env: int, pieces: int) -> list[range]:
-    """Environments ``0 .. n_env - 1`` cut into ``pieces`` contiguous blocks whose sizes
-    differ by at most one (block p starts at ``n_env * p // pieces``); empty blocks (more
-    pieces than environments) are left out."""
-    bounds = [n_env * p // pieces for p in range(pieces + 1)]
-    return [range(a, b) for a, b in pairwise(bounds) if b > a]
-
-
 def sampling_generators(
     opts: CollectOptions, groups: int, device: torch.device | str = "cpu"
 ) -> list[torch.Generator]:
@@ -297,7 +287,7 @@ class _Decoded:
 class _Turns:
     """The turns of one collection: decode the live environments' prompts, step their
     environments, record the rows. Sequentially (decode all, step all), or overlapped
-    (:meth:`play_overlapped`). Each environment's turn reads only its own observation,
+    (:func:`~mcgpo.rollout.overlap.play_overlapped`). Each environment's turn reads only its own observation,
     history and generator, so both orders give the same tokens and episodes."""
 
     s: _Sampling
@@ -382,42 +372,6 @@ class _Turns:
             tr.log_probs.append(d.out.log_probs[j])
             tr.texts.append(d.texts[j])
             self.current[e] = res.observation
-
-    def play_overlapped(self, pieces: list[range]) -> None:
-        """The pieces' turns overlapped: a piece's environments step (in a thread) while
-        other pieces decode. The decoder takes the pieces in the order their steps finish
-        (a queue, so it never waits while a piece is ready); a piece decodes only after its
-        own last step is recorded, in one sampler call holding exactly its live rows (the
-        same company whatever the timing). Where the pool allows it
-        (``EnvPool.steps_at_once``: I/O-bound environments) several pieces' steps may also
-        overlap each other; otherwise they take turns on a lock (worker processes).
-        """
-        one_at_a_time = contextlib.nullcontext() if self.pool.steps_at_once else threading.Lock()
-
-        def step(d: _Decoded) -> dict[int, Any]:
-            with one_at_a_time:
-                return self.step(d)
-
-        ready: queue.SimpleQueue[int] = queue.SimpleQueue()
-        for p in range(len(pieces)):
-            ready.put(p)  # the first turns in piece order
-        in_flight: dict[int, tuple[_Decoded, Future]] = {}
-        playing = len(pieces)
-        with ThreadPoolExecutor(len(pieces), thread_name_prefix="env-step") as stepper:
-            while playing:
-                p = ready.get()
-                if p in in_flight:  # its step ran beside other pieces' decodes
-                    decoded, future = in_flight.pop(p)
-                    self.record(decoded, future.result())
-                    self.live(range(len(self.trajs)), report=True)
-                live = self.live(pieces[p])
-                if not live:
-                    playing -= 1
-                    continue
-                decoded = self.decode(live)
-                future = stepper.submit(step, decoded)
-                future.add_done_callback(lambda _, p=p: ready.put(p))
-                in_flight[p] = (decoded, future)
 
 
 def _engine_sample(engine: Any) -> Callable[..., Any]:

@@ -75,3 +75,33 @@ class FaultSpec:
 
     def __call__(self) -> FaultEnv:
         return FaultEnv(self.faults, self.fail_build)
+
+
+def _child_answer(conn) -> None:  # runs in the environment's own child process
+    conn.send("checked")
+    conn.close()
+
+
+class ForkingEnv(HouseholdEnv):
+    """A household whose every reset asks a child process of its own (as ALFWorld's
+    generated games run their planner check in a child)."""
+
+    def reset(self, seed: int = 0, split: str = "train") -> Observation:
+        import multiprocessing
+
+        ctx = multiprocessing.get_context("spawn")
+        parent, child = ctx.Pipe(duplex=False)
+        proc = ctx.Process(target=_child_answer, args=(child,), daemon=True)
+        proc.start()
+        child.close()
+        assert parent.recv() == "checked"
+        proc.join()
+        return super().reset(seed=seed, split=split)
+
+
+@dataclass(frozen=True)
+class ForkingSpec:
+    """Picklable factory of ForkingEnv."""
+
+    def __call__(self) -> ForkingEnv:
+        return ForkingEnv()

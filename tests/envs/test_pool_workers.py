@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from pool_fakes import FaultSpec
+from pool_fakes import FaultSpec, ForkingSpec
 
 from mcgpo.envs.pool import EnvPool, PoolError
 from mcgpo.envs.workers import EnvSpec, WorkerError
@@ -189,3 +189,12 @@ def test_env_spec_builds_like_make_env_and_in_process_pools_close_quietly():
     assert env.max_turns == 7
     with EnvPool([env]) as pool:
         assert pool.processes() == [] and pool.max_turns == [7]
+
+
+@pytest.mark.slow
+def test_environments_in_workers_may_start_processes_of_their_own():
+    """ALFWorld's generated games check a new game in a child process: a worker (not a
+    daemon for that reason) lets its environments start one, at every reset."""
+    with EnvPool.in_workers(ForkingSpec(), 2, workers=1) as pool:
+        for seeds in ([0, 1], [2, 3]):
+            assert all(obs is not None for obs in pool.reset(seeds, "train")), pool.errors

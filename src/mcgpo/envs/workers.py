@@ -70,6 +70,10 @@ class EnvSpec:
 
 def _worker_main(conn: Connection, factory: Callable[[], Any], slots: list[int]) -> None:
     """The worker loop: build the slots' environments, then answer jobs until told to stop."""
+    # Started as a daemon (the parent's exit stops it), it may still start processes of its
+    # own: an environment may need one (ALFWorld's generated games check a new game's plan
+    # in a child, which a daemon may not start). The flag only matters to the parent.
+    multiprocessing.current_process().daemon = False
     try:
         envs = {slot: factory() for slot in slots}
         conn.send(("built", {slot: int(env.max_turns) for slot, env in envs.items()}))

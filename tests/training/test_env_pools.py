@@ -103,3 +103,49 @@ def test_a_closed_set_of_pools_refuses_a_lease():
     role = r"^role must be one of train, eval; got 'x'$"
     with pytest.raises(ValueError, match=role), pools.lease("x", None, 1, None):
         pass
+
+
+class _Env:
+    max_turns = 3
+    closed = 0
+
+    def reset(self, seed=0, split="train"):
+        raise NotImplementedError
+
+    def step(self, action):
+        raise NotImplementedError
+
+    def close(self):
+        type(self).closed += 1
+
+
+class _ServedEnv(_Env):
+    concurrent_steps = True  # as RemoteEnv: one server session per environment
+    closed = 0
+
+
+def _options(workers=0):
+    from mcgpo.rollout import CollectOptions
+
+    return CollectOptions(group_size=1, split="train", temperature=1.0, history=0, workers=workers)
+
+
+def test_a_pool_is_kept_per_role_and_a_served_one_per_rollout():
+    pools = RunPools()
+    leased = []
+    for role in ("train", "eval", "train", "eval"):
+        with pools.lease(role, _Env, 3, _options()) as pool:
+            leased.append(pool)
+    assert leased[0] is leased[2] and leased[1] is leased[3] and leased[0] is not leased[1]
+    assert _Env.closed == 0  # kept open between rollouts
+    served = []
+    for _ in range(2):
+        with pools.lease("train", _ServedEnv, 2, _options()) as pool:
+            served.append(pool)
+            assert _ServedEnv.closed == 2 * (len(served) - 1)  # open during its rollout
+    assert served[0] is not served[1] and _ServedEnv.closed == 4  # its sessions closed
+    with pools.lease("train", _Env, 4, _options()) as pool:  # another size: rebuilt
+        assert len(pool) == 4 and pool is not leased[0]
+    assert _Env.closed == 3  # the 3-environment training pool, replaced
+    pools.close()
+    assert _Env.closed == 3 + 3 + 4  # the evaluation's and the new training pool

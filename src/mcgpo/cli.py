@@ -216,7 +216,7 @@ def resolve(command: str, argv: Sequence[str]) -> RunConfig:
 def check_environment(cfg: RunConfig) -> None:
     """Things a config cannot know by itself: the model folder and the device exist."""
     if cfg.model != "tiny" and not Path(cfg.model).is_dir():
-        from mcgpo.policy.loading import hub_id_hint
+        from mcgpo.model_names import hub_id_hint
 
         hint = hub_id_hint(cfg.model) or " (give a folder or 'tiny')"
         raise ConfigError(f"model folder {cfg.model!r} not found{hint}")
@@ -225,6 +225,19 @@ def check_environment(cfg: RunConfig) -> None:
 
         if not torch.cuda.is_available():
             raise ConfigError(f"--device {cfg.device}: CUDA is not available on this machine")
+
+
+def check_train_start(cfg: RunConfig) -> None:
+    """What ``mcgpo train`` checks again when it starts, checked here before anything heavy is
+    imported: the algorithm's options (did you mean) and the run folder (a fresh run needs
+    one without a run, ``--resume`` its checkpoint and settings)."""
+    import dataclasses
+
+    from mcgpo.training.algorithms import resolve_algo
+    from mcgpo.training.run_folder import check_run_folder
+
+    algo = resolve_algo(cfg.algo, cfg.rollout.group_size)
+    check_run_folder(dataclasses.replace(cfg, algo=algo))
 
 
 def _print_presets() -> None:
@@ -363,6 +376,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.parse_args([command, "--help"])
         cfg = resolve(command, argv[1:])
         check_environment(cfg)
+        if command == "train":
+            check_train_start(cfg)
         if cfg.nproc > 1:  # train, sft and eval run on several processes
             from mcgpo.training.distributed import check_world, launch_local, launched_world_size
 

@@ -146,7 +146,7 @@ def _check_runs(
     try:
         configs = [resolve_command("sft", ["--preset", preset, *warm])] if warm is not None else []
         if configs and configs[0].model != "tiny" and not Path(configs[0].model).is_dir():
-            from mcgpo.policy.loading import hub_id_hint
+            from mcgpo.model_names import hub_id_hint
 
             hint = hub_id_hint(configs[0].model)
             raise _BadInput(f"--set model={configs[0].model}: folder not found{hint}")

@@ -28,6 +28,8 @@ from typing import Any
 
 import torch
 
+from mcgpo.update_choices import PRECISIONS
+
 __all__ = [
     "PRECISIONS",
     "PrecisionError",
@@ -38,7 +40,6 @@ __all__ = [
     "weight_dtype",
 ]
 
-PRECISIONS = ("fp32", "bf16-mixed", "bf16")
 
 
 class PrecisionError(ValueError):

@@ -40,8 +40,8 @@ import numpy as np
 import torch
 
 from mcgpo.rollout.tokens import TokenBatch
+from mcgpo.training.atomic_files import atomic_write_text
 from mcgpo.training.build import build_optimizer
-from mcgpo.training.checkpoint import atomic_write_text
 from mcgpo.training.config import RunConfig
 from mcgpo.training.distributed import SINGLE, World, all_sum, joined_world
 from mcgpo.training.evaluate import evaluate

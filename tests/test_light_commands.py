@@ -84,7 +84,10 @@ def test_read_only_commands_and_early_errors_import_neither_torch_nor_transforme
         (["report", str(tmp_path / "empty")], 2, "not found"),
         (["bench", "--algos", "grpo,nope"], 2, "unknown algorithm 'nope'"),
     ]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]),
+    }
     done = subprocess.run(
         [sys.executable, "-c", PROBE, json.dumps([argv for argv, _, _ in cases])],
         capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600, check=False,

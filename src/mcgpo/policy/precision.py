@@ -41,7 +41,6 @@ __all__ = [
 ]
 
 
-
 class PrecisionError(ValueError):
     """A precision cannot run on a device; the message is one line naming both."""
 

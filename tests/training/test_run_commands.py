@@ -17,7 +17,12 @@ import pytest
 from mcgpo.cli import main, resolve
 from mcgpo.training.config import RunConfig
 from mcgpo.training.metrics import read_metrics
-from mcgpo.training.start_lines import cpu_size_note, train_start_line
+from mcgpo.training.start_lines import (
+    cpu_size_note,
+    eval_start_line,
+    sft_start_line,
+    train_start_line,
+)
 
 
 def one_line(err: str) -> str:
@@ -140,6 +145,20 @@ def test_a_bare_train_on_the_cpu_names_the_smaller_presets():
     assert cpu_size_note(resolve("train", ["--preset", "household-quick"])) is None
     assert cpu_size_note(resolve("train", ["--device", "cuda"])) is None
     assert cpu_size_note(bare, updates_done=148) is None  # a resume near its end
+
+
+def test_sft_and_eval_start_lines_say_what_runs_on_what_and_where_it_writes():
+    # household-smoke's warm start: 2 demonstrations, 2 held-out tasks (its [sft], [eval])
+    smoke = resolve("sft", ["--preset", "household-smoke", "--out", "runs/w", "--sft.epochs", "2"])
+    assert sft_start_line(smoke) == (
+        "[sft] warm start of tiny on household: 2 expert episodes, 2 epochs, eval on 2 "
+        "held-out tasks before and after; run folder runs/w"
+    )
+    cfg = resolve("eval", ["--run", "none", "--eval.tasks", "7", "--eval.temperature", "0"])
+    assert eval_start_line(cfg) == (
+        "[eval] tiny on household: 7 held-out tasks of valid_seen at T=0.0, cpu; "
+        f"eval.json -> {RunConfig().out}"
+    )
 
 
 # ---------------------------------------------------------------- friction 10: one syntax

@@ -28,6 +28,7 @@ an unknown name gets the closest known one ("did you mean").
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 from collections.abc import Sequence
@@ -227,12 +228,34 @@ def check_environment(cfg: RunConfig) -> None:
             raise ConfigError(f"--device {cfg.device}: CUDA is not available on this machine")
 
 
+def run_device_here(command: str, cfg: RunConfig, argv: Sequence[str]) -> RunConfig:
+    """``mcgpo eval`` of a run trained on a GPU, here without CUDA: the device came from the
+    run's config.toml, not from ``--device``, so the evaluation runs on the CPU and says so in
+    one line. A ``--device cuda`` given here still fails (:func:`check_environment`)."""
+    if command != "eval" or not cfg.device.startswith("cuda"):
+        return cfg
+    from mcgpo.training.overrides import eval_run_folder, parse_flags
+
+    flags = parse_flags(command, argv)
+    if "device" in flags.values or eval_run_folder(flags) is None:
+        return cfg
+    import torch
+
+    if torch.cuda.is_available():
+        return cfg
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(
+            f"mcgpo eval: note: the run trained on {cfg.device}, and CUDA is not available on "
+            "this machine: evaluating on the CPU (--device cpu)",
+            file=sys.stderr,
+        )
+    return dataclasses.replace(cfg, device="cpu")
+
+
 def check_train_start(cfg: RunConfig) -> None:
     """What ``mcgpo train`` checks again when it starts, checked here before anything heavy is
     imported: the algorithm's options (did you mean) and the run folder (a fresh run needs
     one without a run, ``--resume`` its checkpoint and settings)."""
-    import dataclasses
-
     from mcgpo.training.algorithms import resolve_algo
     from mcgpo.training.run_folder import check_run_folder
 
@@ -374,7 +397,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         if any(a in ("-h", "--help") for a in argv[1:]):
             parser.parse_args([command, "--help"])
-        cfg = resolve(command, argv[1:])
+        cfg = run_device_here(command, resolve(command, argv[1:]), argv[1:])
         check_environment(cfg)
         if command == "train":
             check_train_start(cfg)

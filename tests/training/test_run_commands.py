@@ -47,6 +47,36 @@ def trained(micro_model, tmp_path_factory) -> Path:
 
 
 # ---------------------------------------------------------------- friction 1: eval of a run
+def test_eval_of_a_gpu_run_without_cuda_falls_back_to_the_cpu(trained, tmp_path, capsys,
+                                                              monkeypatch):  # fmt: skip
+    import shutil
+
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # this machine: no CUDA
+    run = tmp_path / "gpu-run"  # the smoke run as a GPU trained it: device = "cuda"
+    shutil.copytree(trained / "model", run / "model")
+    text = (trained / "config.toml").read_text(encoding="utf-8")
+    assert '\ndevice = "cpu"\n' in text
+    (run / "config.toml").write_text(text.replace('\ndevice = "cpu"\n', '\ndevice = "cuda"\n'))
+    assert resolve("eval", ["--run", str(run)]).device == "cuda"  # what the run says
+    capsys.readouterr()
+    assert main(["eval", "--run", str(run)]) == 0
+    err = capsys.readouterr().err
+    assert err.splitlines()[0] == (
+        "mcgpo eval: note: the run trained on cuda, and CUDA is not available on this "
+        "machine: evaluating on the CPU (--device cpu)"
+    )
+    assert err.splitlines()[1].startswith(f"[eval] {run / 'model'} on household: ")
+    assert ", cpu; eval.json -> " in err.splitlines()[1]
+    assert json.loads((run / "eval.json").read_text())["eval/episodes"] == 1.0
+    # asked for on the command line: still one line naming the device, exit 2
+    assert main(["eval", "--run", str(run), "--device", "cuda"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "mcgpo eval: error: --device cuda: CUDA is not available on this machine"
+    )
+
+
 def test_eval_of_a_model_in_a_run_folder_uses_the_runs_config(trained, capsys):
     capsys.readouterr()
     assert main(["eval", "--model", str(trained / "model")]) == 0

@@ -215,7 +215,14 @@ def resolve(command: str, argv: Sequence[str]) -> RunConfig:
 
 
 def check_environment(cfg: RunConfig) -> None:
-    """Things a config cannot know by itself: the model folder and the device exist."""
+    """Things a config cannot know by itself: the environment, the model folder and the
+    device exist (the environment's options are checked by building one, as the run starts)."""
+    from mcgpo.envs import env_named
+
+    try:
+        env_named(cfg.env.name)
+    except ValueError as err:  # as training.build.env_factory words it
+        raise ConfigError(f"env {cfg.env.name!r}: {err}") from None
     if cfg.model != "tiny" and not Path(cfg.model).is_dir():
         from mcgpo.model_names import hub_id_hint
 

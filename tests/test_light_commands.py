@@ -3,10 +3,10 @@
 ``mcgpo --help``, ``mcgpo <command> --help``, ``mcgpo report`` (and ``--plot``), ``mcgpo
 presets`` and every bad command line that exits 2 before a run starts (an unknown option,
 algorithm option or environment with its did-you-mean, a bad value, a missing model folder,
-a run folder that holds a run) answer without loading torch or transformers, which take
-seconds to import. Each case runs ``main`` in one
-fresh interpreter, in turn, and records what ``sys.modules`` holds after it; the last step
-imports the checkpoint module, which needs torch, to show that the record would see it.
+a run folder that holds a run, an export of a run without adapters) answer without loading
+torch or transformers, which take seconds to import. Each case runs ``main`` in one fresh
+interpreter, in turn, and records what ``sys.modules`` holds after it; the last step imports
+the checkpoint module, which needs torch, to show that the record would see it.
 """
 
 from __future__ import annotations
@@ -85,6 +85,7 @@ def test_read_only_commands_and_early_errors_import_neither_torch_nor_transforme
         (["eval", "--run", str(tmp_path / "empty")], 2, "no config.toml there"),
         (["report", str(tmp_path / "empty")], 2, "not found"),
         (["bench", "--algos", "grpo,nope"], 2, "unknown algorithm 'nope'"),
+        (["export", "--merge", str(run)], 2, "holds no LoRA adapter folder"),
     ]
     env = {
         **os.environ,

@@ -85,6 +85,8 @@ def test_read_only_commands_and_early_errors_import_neither_torch_nor_transforme
         (["eval", "--run", str(tmp_path / "empty")], 2, "no config.toml there"),
         (["report", str(tmp_path / "empty")], 2, "not found"),
         (["bench", "--algos", "grpo,nope"], 2, "unknown algorithm 'nope'"),
+        (["bench", "--set", "train.lrr=1"], 2, "did you mean '--train.lr'"),
+        (["ablate", "--set", "env.nope=1"], 2, "unknown household option 'nope'"),
         (["export", "--merge", str(run)], 2, "holds no LoRA adapter folder"),
     ]
     env = {

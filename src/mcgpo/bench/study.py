@@ -139,8 +139,8 @@ def _check_runs(
     child processes will, before any of them starts: a misspelled preset, ``--set`` key or
     algorithm option is found in seconds, not after the warm start."""
     from mcgpo.training.algorithms import resolve_algo
-    from mcgpo.training.build import env_factory
     from mcgpo.training.config import ConfigError
+    from mcgpo.training.environments import env_factory
     from mcgpo.training.overrides import resolve_command
 
     try:

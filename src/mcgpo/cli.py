@@ -22,7 +22,9 @@
 
 A bad command line (unknown option, bad value, unknown algorithm, missing model folder, no
 checkpoint to resume) prints one line on stderr and exits with code 2, never a traceback;
-an unknown name gets the closest known one ("did you mean").
+an unknown name gets the closest known one ("did you mean"). These mistakes, every ``--help``,
+``presets`` and ``report`` are answered before torch or transformers is imported: heavy
+imports stay inside the functions that run or load something.
 """
 
 from __future__ import annotations

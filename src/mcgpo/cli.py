@@ -30,7 +30,6 @@ imports stay inside the functions that run or load something.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import sys
 from collections.abc import Sequence
@@ -216,62 +215,6 @@ def resolve(command: str, argv: Sequence[str]) -> RunConfig:
     return resolve_command(command, argv)
 
 
-def check_environment(cfg: RunConfig) -> None:
-    """Things a config cannot know by itself: the environment, the model folder and the
-    device exist (the environment's options are checked by building one, as the run starts)."""
-    from mcgpo.envs import env_named
-
-    try:
-        env_named(cfg.env.name)
-    except ValueError as err:  # as training.build.env_factory words it
-        raise ConfigError(f"env {cfg.env.name!r}: {err}") from None
-    if cfg.model != "tiny" and not Path(cfg.model).is_dir():
-        from mcgpo.model_names import hub_id_hint
-
-        hint = hub_id_hint(cfg.model) or " (give a folder or 'tiny')"
-        raise ConfigError(f"model folder {cfg.model!r} not found{hint}")
-    if cfg.device.startswith("cuda"):
-        import torch
-
-        if not torch.cuda.is_available():
-            raise ConfigError(f"--device {cfg.device}: CUDA is not available on this machine")
-
-
-def run_device_here(command: str, cfg: RunConfig, argv: Sequence[str]) -> RunConfig:
-    """``mcgpo eval`` of a run trained on a GPU, here without CUDA: the device came from the
-    run's config.toml, not from ``--device``, so the evaluation runs on the CPU and says so in
-    one line. A ``--device cuda`` given here still fails (:func:`check_environment`)."""
-    if command != "eval" or not cfg.device.startswith("cuda"):
-        return cfg
-    from mcgpo.training.overrides import eval_run_folder, parse_flags
-
-    flags = parse_flags(command, argv)
-    if "device" in flags.values or eval_run_folder(flags) is None:
-        return cfg
-    import torch
-
-    if torch.cuda.is_available():
-        return cfg
-    if int(os.environ.get("RANK", "0")) == 0:
-        print(
-            f"mcgpo eval: note: the run trained on {cfg.device}, and CUDA is not available on "
-            "this machine: evaluating on the CPU (--device cpu)",
-            file=sys.stderr,
-        )
-    return dataclasses.replace(cfg, device="cpu")
-
-
-def check_train_start(cfg: RunConfig) -> None:
-    """What ``mcgpo train`` checks again when it starts, checked here before anything heavy is
-    imported: the algorithm's options (did you mean) and the run folder (a fresh run needs
-    one without a run, ``--resume`` its checkpoint and settings)."""
-    from mcgpo.training.algorithms import resolve_algo
-    from mcgpo.training.run_folder import check_run_folder
-
-    algo = resolve_algo(cfg.algo, cfg.rollout.group_size)
-    check_run_folder(dataclasses.replace(cfg, algo=algo))
-
-
 def _print_presets() -> None:
     from mcgpo.training.presets import available_presets, preset_command
 
@@ -406,10 +349,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         if any(a in ("-h", "--help") for a in argv[1:]):
             parser.parse_args([command, "--help"])
-        cfg = run_device_here(command, resolve(command, argv[1:]), argv[1:])
-        check_environment(cfg)
-        if command == "train":
-            check_train_start(cfg)
+        from mcgpo.training.preflight import preflight
+
+        cfg, note = preflight(command, resolve(command, argv[1:]), argv[1:])
+        if note and int(os.environ.get("RANK", "0")) == 0:
+            print(f"mcgpo {command}: note: {note}", file=sys.stderr)
         if cfg.nproc > 1:  # train, sft and eval run on several processes
             from mcgpo.training.distributed import check_world, launch_local, launched_world_size
 

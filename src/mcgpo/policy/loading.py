@@ -39,6 +39,8 @@ from typing import Any
 import torch
 from safetensors import SafetensorError
 
+from mcgpo.model_names import hub_id_hint
+
 __all__ = [
     "PolicyLoadError",
     "full_parameters",
@@ -54,19 +56,6 @@ __all__ = [
 
 class PolicyLoadError(ValueError):
     """A policy folder cannot be loaded; the message names the folder and the problem."""
-
-
-def hub_id_hint(path: str | Path) -> str:
-    """For a missing folder named like a Hugging Face hub id (``owner/name``): the tail of
-    its error, saying that only a local folder loads (nothing is downloaded); else ``""``."""
-    text = str(path)
-    parts = text.split("/")
-    if len(parts) != 2 or not all(parts) or text.startswith((".", "~")):
-        return ""
-    return (
-        f"; pass a local folder: download the hub model first, e.g. `hf download {text} "
-        f"--local-dir models/{parts[1]}`, then --model models/{parts[1]} (no download here)"
-    )
 
 
 def load_policy(

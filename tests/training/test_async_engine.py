@@ -213,7 +213,6 @@ def test_evaluation_borrows_the_engine_between_batches(smoke_args, tmp_path, eng
     theta: dict[int, float] = {}
     seen: dict[int, set[float]] = {}
     evaluated_on: dict[int, float] = {}
-    numbers = {rollout_seed(0, v): v for v in range(1, 6)}
     first_eval = threading.Event()
     real_collect, real_update = pipeline.ServedWeights.collect, trainer.update_policy
     real_eval = trainer.evaluate

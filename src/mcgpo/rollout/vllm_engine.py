@@ -439,9 +439,14 @@ def weight_snapshot(model: Any) -> dict[str, torch.Tensor]:
     collective, every rank calls it, in the thread that runs the update."""
     from torch.distributed.tensor import DTensor
 
-    gathered = any(isinstance(p, DTensor) for p in model.parameters())
-    # a gathered tensor is a fresh one already; a whole policy's parameter must be copied
-    return {name: t if gathered else t.clone() for name, t in full_parameters(model)}
+    # a gathered (or merged) tensor is a fresh one already; a whole parameter is copied
+    live = {
+        p.untyped_storage().data_ptr() for p in model.parameters() if not isinstance(p, DTensor)
+    }
+    return {
+        name: t.clone() if t.untyped_storage().data_ptr() in live else t
+        for name, t in full_parameters(model)
+    }
 
 
 def _snapshot_weights(

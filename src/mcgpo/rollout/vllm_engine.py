@@ -50,6 +50,10 @@ Weight sync (:meth:`VLLMEngine.update_weights`):
   than the disk): the weights written into the folder (:func:`mcgpo.policy.write_weights`:
   from any rank, as transformers' ``save_pretrained`` writes on rank 0 only; a sharded
   policy's gathered first), then ``reload_weights(weights_path=folder)``.
+- from a snapshot (:meth:`VLLMEngine.update_weights_from`, ``train.async_lag`` >= 1): the
+  same two paths, fed from :func:`weight_snapshot`, a copy of the tensors the policy would
+  send taken after an update (gathered in the learner's thread), loaded later by the
+  rollout producer between two batches while the policy has moved on.
 - with ``sleep`` (GPU): the engine sleeps at level 2 during the update (weights and KV cache
   freed, nothing copied to the host); the sync wakes the weights, loads them, frees the
   trainer's cached blocks (``torch.cuda.empty_cache``), then wakes the KV cache.
@@ -87,7 +91,8 @@ from typing import Any
 
 import torch
 
-from mcgpo.policy.loading import full_parameters, write_policy, write_tensors, write_weights
+from mcgpo.policy.loading import write_policy, write_tensors, write_weights
+from mcgpo.rollout.engine_weights import policy_tensors, snapshot_tensors, weight_snapshot
 from mcgpo.rollout.sampler import Samples
 from mcgpo.rollout.vllm_launch import (
     CPU_BATCH_TOKENS,
@@ -344,7 +349,7 @@ class VLLMEngine:
         docstring; they are switches for the tests only (off, the engine serves stale
         log-probs)."""
         return self._reload(
-            lambda dtype: _named_weights(model, dtype),
+            lambda dtype: policy_tensors(model, dtype),
             lambda folder: write_weights(model, folder),
             reset_prefix_cache=reset_prefix_cache,
             reprocess_tied_head=reprocess_tied_head,
@@ -357,7 +362,7 @@ class VLLMEngine:
         snapshot, never the policy, so it may run in another thread than the update's (the
         rollout producer of ``train.async_lag``) while the policy changes."""
         return self._reload(
-            lambda dtype: _snapshot_weights(weights, dtype),
+            lambda dtype: snapshot_tensors(weights, dtype),
             lambda folder: write_tensors(weights, folder),
         )
 
@@ -421,40 +426,6 @@ class VLLMEngine:
                 destroy_model_parallel()
                 if self._owns_world:
                     destroy_distributed_environment()
-
-
-def _named_weights(model: Any, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
-    """The policy's parameters by their checkpoint names (a tied head once, under the
-    embedding's name, as ``save_pretrained`` writes it), each gathered (a sharded policy)
-    and cast to ``dtype`` only when vLLM asks for it: one converted tensor alive at a time."""
-    for name, param in full_parameters(model):
-        yield name, param.to(dtype)
-
-
-def weight_snapshot(model: Any) -> dict[str, torch.Tensor]:
-    """A copy of the weights an engine takes from ``model`` (:meth:`VLLMEngine.update_weights`:
-    the parameters by their checkpoint names, a tied head once, LoRA merged), whole, on the
-    policy's device and in its dtype, for :meth:`VLLMEngine.update_weights_from` to load
-    later, whatever the policy is by then. A sharded policy's are all-gathered: a
-    collective, every rank calls it, in the thread that runs the update."""
-    from torch.distributed.tensor import DTensor
-
-    # a gathered (or merged) tensor is a fresh one already; a whole parameter is copied
-    live = {
-        p.untyped_storage().data_ptr() for p in model.parameters() if not isinstance(p, DTensor)
-    }
-    return {
-        name: t.clone() if t.untyped_storage().data_ptr() in live else t
-        for name, t in full_parameters(model)
-    }
-
-
-def _snapshot_weights(
-    weights: Mapping[str, torch.Tensor], dtype: torch.dtype
-) -> Iterator[tuple[str, torch.Tensor]]:
-    """A snapshot's tensors cast to ``dtype`` one at a time, as vLLM asks for them."""
-    for name, tensor in weights.items():
-        yield name, tensor.to(dtype)
 
 
 def _free_cached_blocks(platform: str) -> None:

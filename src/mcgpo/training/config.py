@@ -130,7 +130,9 @@ class RolloutConfig:
         "weights; on a CPU the update's dtype), bfloat16 or float32",
     )
     vllm_sleep: bool = option(
-        False, "rollout.engine vllm on a GPU: free vLLM's memory during the update (sleep mode)"
+        False,
+        "rollout.engine vllm on a GPU: free vLLM's memory during the update (sleep mode; "
+        "not with train.async_lag >= 1, where the engine samples during the update)",
     )
     overlap_env: bool = option(
         False,

@@ -34,10 +34,23 @@ if never stopped. After the last update no batch is asked for, but the ones aske
 (up to U + k) are finished and kept in the final checkpoint, so that a resume with more
 ``train.updates`` continues exactly.
 
+On the engine (``rollout.engine vllm``). The producer samples with the run's engine, no
+replica: :meth:`RolloutPipeline.publish` takes the snapshot of θ_u that the engine takes
+(:func:`mcgpo.rollout.engine_weights.weight_snapshot`; under FSDP2 sharded in place a gather,
+in the learner's thread on every rank), and the producer loads it
+(``VLLMEngine.update_weights_from``) before the first batch that needs it, unless the
+engine serves that version already (:class:`ServedWeights`); a batch holds the engine from
+its load to its last decode, so no generate call spans a weight swap. The loop does not
+sync the engine after an update then. The engine cannot sleep through the update
+(``rollout.vllm_sleep`` is refused with k >= 1): it samples the next batch meanwhile.
+
 Evaluation runs on θ_u in the learner's thread, beside the producer: the environments of
 both are open at once (a served environment needs sessions for G·N rollouts plus the
-evaluation's). A producer failure ends the run with one line
-(:class:`RolloutProducerError`) at the learner's next wait, never a hang.
+evaluation's). Where it samples on the engine (a policy sharded in place), the learner
+borrows the engine between two batches (:meth:`RolloutPipeline.lend_engine`), loads θ_u
+and evaluates; the producer loads its own version again before its next batch. A producer
+failure ends the run with one line (:class:`RolloutProducerError`) at the learner's next
+wait, never a hang; the run stops the producer before it closes the engine.
 """
 
 from __future__ import annotations
@@ -323,7 +336,7 @@ class ServedWeights:
         self._held = self.snapshot_now() if self._lends else None
 
     def snapshot_now(self) -> dict:
-        from mcgpo.rollout.vllm_engine import weight_snapshot
+        from mcgpo.rollout.engine_weights import weight_snapshot
 
         return weight_snapshot(self._run.model)
 

@@ -10,7 +10,8 @@ One update (reference/algorithms.md 1.4):
 
 1. collect ``G x N`` rollouts on the next ``G`` training tasks (task cursor), sampling at
    ``rollout.temperature`` with the sampler's log-probs kept as pi_old (``rollout.engine``
-   vllm: a colocated vLLM engine samples, and gets the new weights after step 3);
+   vllm: a colocated vLLM engine samples, and gets the new weights after step 3; with
+   ``train.async_lag`` >= 1 the rollout producer loads them, between its batches);
 2. drop the trajectories that hit an environment error (kept in the logs and the saved
    rollouts, excluded from learning), then advantages and, for MCGPO, preference pairs; an
    update whose every trajectory errored is a warning line naming the first error, and

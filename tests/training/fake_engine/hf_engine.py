@@ -2,8 +2,8 @@
 
 :class:`HFEngine` keeps its own whole copy of the policy, samples from it with mcgpo's HF
 sampler and takes new weights through the vLLM engine's own weight iterators
-(``mcgpo.rollout.vllm_engine._named_weights``, which all-gathers a sharded policy's
-parameters, and ``_snapshot_weights`` for a snapshot). With the same weights it samples
+(``mcgpo.rollout.engine_weights.policy_tensors``, which all-gathers a sharded
+policy's parameters, and ``snapshot_tensors`` for a snapshot). With the same weights it samples
 exactly what the HF engine samples from a replica, so a run on the engine can be compared
 with one on mcgpo's samplers. Used in-process (tests/training/test_async_engine.py) and,
 through ``sitecustomize``, by the runs of ``mcgpo train --nproc 2``.
@@ -25,8 +25,8 @@ import torch
 
 from mcgpo.policy.loading import holds_shards
 from mcgpo.policy.lora import has_lora, merged_model
+from mcgpo.rollout.engine_weights import policy_tensors, snapshot_tensors
 from mcgpo.rollout.sampler import sample
-from mcgpo.rollout.vllm_engine import _named_weights, _snapshot_weights
 
 
 class HFEngine:
@@ -51,7 +51,7 @@ class HFEngine:
         mine = dict(self.model.named_parameters())
         seen = set()
         with torch.no_grad():
-            for name, tensor in _named_weights(model, torch.float32):
+            for name, tensor in policy_tensors(model, torch.float32):
                 mine[name].copy_(tensor)
                 seen.add(name)
         assert seen == set(mine), "HFEngine: the sync missed parameters"
@@ -66,7 +66,7 @@ class HFEngine:
         """A snapshot (``weight_snapshot``), through the engine's own snapshot iterator."""
         mine = dict(self.model.named_parameters())
         with torch.no_grad():
-            for name, tensor in _snapshot_weights(weights, torch.float32):
+            for name, tensor in snapshot_tensors(weights, torch.float32):
                 mine[name].copy_(tensor)
         assert weights.keys() == mine.keys(), "HFEngine: the snapshot missed parameters"
         self.loads += 1

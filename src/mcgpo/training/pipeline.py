@@ -306,6 +306,7 @@ class RolloutPipeline:
                     self._cause = err
                     self._changed.notify_all()
                 return
+            request = snapshot = None  # loaded: not held while waiting for the next request
             stats["time/wait_update"] = waited
             with self._changed:
                 self._done[number] = Batch(number, version, rollout, stats)

@@ -260,3 +260,46 @@ def test_evaluation_borrows_the_engine_between_batches(smoke_args, tmp_path, eng
     # θ_1 for the evaluation, θ_0 again for batch 2, then θ_1 (batch 3), θ_2 (batch 4 and
     # evaluation 2), θ_3 (evaluation 3), in whatever order the rest comes: at least 5 loads
     assert engines[0].loads >= 5
+
+
+@pytest.mark.slow
+def test_sigkill_at_a_random_moment_and_resume_on_the_engine(smoke_args, tmp_path, engines):
+    """k = 1 on the engine (the stand-in, in the killed run's process through its
+    sitecustomize): SIGKILL at a random moment after the first checkpoint, then --resume
+    until done, gives the uninterrupted run's weights and records bit for bit."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    here = Path(__file__).parent
+    base = ("--train.async_lag", "1", "--train.updates", "4", "--rollout.engine", "vllm")
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    assert main(_args(smoke_args, whole, *base)) == 0
+    path = os.pathsep.join([str(here.parents[1] / "src"), str(here / "fake_engine")])
+    env = {**os.environ, "PYTHONPATH": path}
+    args = _args(smoke_args, killed, *base)
+    latest = killed / "checkpoints" / "latest"
+
+    def start(*extra):
+        cmd = [sys.executable, "-m", "mcgpo", *args, *extra]
+        return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                text=True)  # fmt: skip
+
+    proc = start()
+    deadline = time.monotonic() + 300  # a wide margin: an update takes about a second
+    while proc.poll() is None and not (latest.exists() and latest.read_text().strip()):
+        assert time.monotonic() < deadline, "no checkpoint was written"
+        time.sleep(0.02)
+    time.sleep(random.Random(46).uniform(0.0, 0.5))
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=300)
+    assert proc.returncode == -signal.SIGKILL  # killed mid-run (3 updates were still to go)
+    assert not (killed / "model").exists()
+    proc = start("--resume")
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-2000:]
+    assert _same_weights(whole, killed)
+    assert _records(whole) == _records(killed)

@@ -303,3 +303,42 @@ def test_sigkill_at_a_random_moment_and_resume_on_the_engine(smoke_args, tmp_pat
     assert proc.returncode == 0, err[-2000:]
     assert _same_weights(whole, killed)
     assert _records(whole) == _records(killed)
+
+
+@pytest.mark.slow
+def test_a_lora_policy_samples_ahead_on_the_engine_with_its_merged_weights(
+    smoke_args, tmp_path, engines, monkeypatch
+):
+    """LoRA with k = 1 on the engine: the snapshot after update 1 holds the merged weights
+    under the base model's names (what the engine serves), taken before update 2 moved the
+    adapters; the engine loads it for batch 3 and the run trains the adapters."""
+    from mcgpo.policy.lora import merged_model
+
+    loaded: list[dict[str, torch.Tensor]] = []
+    merged_after: dict[int, dict[str, torch.Tensor]] = {}
+    real_load, real_update = HFEngine.update_weights_from, trainer.update_policy
+
+    def load(self, weights):
+        loaded.append({k: v.detach().clone() for k, v in weights.items()})
+        return real_load(self, weights)
+
+    def update(learner, *args, **kwargs):
+        out = real_update(learner, *args, **kwargs)
+        merged = merged_model(learner)
+        merged_after[len(merged_after) + 1] = {n: p.detach().clone()
+                                               for n, p in merged.named_parameters()}  # fmt: skip
+        return out
+
+    monkeypatch.setattr(HFEngine, "update_weights_from", load)
+    monkeypatch.setattr(trainer, "update_policy", update)
+    out = tmp_path / "run"
+    lora = ("--train.lora_rank", "4", "--train.lora_alpha", "8", "--train.async_lag", "1")
+    assert main(_args(smoke_args, out, *lora, "--rollout.engine", "vllm")) == 0
+    (weights,) = loaded  # θ_1, for batch 3 (batches 1 and 2: θ_0, served from the start)
+    assert weights.keys() == merged_after[1].keys()
+    assert all(torch.equal(weights[k], merged_after[1][k]) for k in weights)
+    assert any(not torch.equal(weights[k], merged_after[2][k]) for k in weights)
+    from safetensors.torch import load_file
+
+    trained = load_file(str(out / "model" / "adapter_model.safetensors"))
+    assert all(w.abs().max() > 0 for k, w in trained.items() if "lora_B" in k)

@@ -86,5 +86,9 @@ def test_lag_one_on_the_engine_samples_with_the_lagged_weights_and_resumes_exact
     records = [json.loads(line) for line in (whole / "metrics.jsonl").read_text().splitlines()]
     updates = [r for r in records if "async/lag" in r]
     assert [r["async/lag"] for r in updates] == [0, 1, 1]
+    # batch 1 (θ_0) against π_old recomputed on θ_0: the engine's rounding; batches 2 and 3
+    # against the newer θ_1 and θ_2: the lag
+    lag = [r["pi_old/max_abs_diff"] for r in updates]
+    assert lag[0] < BOUND and min(lag[1:]) > 10 * BOUND
     # batches 1 and 2 were sampled with θ_0, which the engine served from its start
     assert [r["time/weight_sync"] > 0 for r in updates] == [False, False, True]

@@ -31,7 +31,7 @@ from __future__ import annotations
 import json
 import os
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -50,6 +50,7 @@ __all__ = [
     "load_policy",
     "save_policy",
     "write_policy",
+    "write_tensors",
     "write_weights",
 ]
 
@@ -219,14 +220,21 @@ def write_weights(model: Any, path: str | Path) -> Path:
     file, from this process whatever its rank; returns the file. transformers'
     ``save_pretrained`` writes on torch.distributed's rank 0 only (5.x), but under several
     processes every rank's vLLM engine reads a folder of its own."""
+    return write_tensors(full_weights(model), path)
+
+
+def write_tensors(weights: Mapping[str, torch.Tensor], path: str | Path) -> Path:
+    """``weights`` (whole tensors by their checkpoint names) into ``path/model.safetensors``
+    atomically (an engine reading the folder never sees half a file); returns the file."""
     from safetensors.torch import save_file
 
     folder = Path(path)
     folder.mkdir(parents=True, exist_ok=True)
     target = folder / "model.safetensors"
     tmp = folder / f".model.safetensors.{os.getpid()}.tmp"
-    save_file(full_weights(model), str(tmp), metadata={"format": "pt"})
-    os.replace(tmp, target)  # an engine reading the folder never sees half a file
+    tensors = {name: t.detach().cpu().contiguous() for name, t in weights.items()}
+    save_file(tensors, str(tmp), metadata={"format": "pt"})
+    os.replace(tmp, target)
     return target
 
 

@@ -50,6 +50,10 @@ Weight sync (:meth:`VLLMEngine.update_weights`):
   than the disk): the weights written into the folder (:func:`mcgpo.policy.write_weights`:
   from any rank, as transformers' ``save_pretrained`` writes on rank 0 only; a sharded
   policy's gathered first), then ``reload_weights(weights_path=folder)``.
+- from a snapshot (:meth:`VLLMEngine.update_weights_from`, ``train.async_lag`` >= 1): the
+  same two paths, fed from :func:`weight_snapshot`, a copy of the tensors the policy would
+  send taken after an update (gathered in the learner's thread), loaded later by the
+  rollout producer between two batches while the policy has moved on.
 - with ``sleep`` (GPU): the engine sleeps at level 2 during the update (weights and KV cache
   freed, nothing copied to the host); the sync wakes the weights, loads them, frees the
   trainer's cached blocks (``torch.cuda.empty_cache``), then wakes the KV cache.
@@ -81,13 +85,14 @@ import json
 import os
 import sys
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from mcgpo.policy.loading import full_parameters, write_policy, write_weights
+from mcgpo.policy.loading import write_policy, write_tensors, write_weights
+from mcgpo.rollout.engine_weights import policy_tensors, snapshot_tensors, weight_snapshot
 from mcgpo.rollout.sampler import Samples
 from mcgpo.rollout.vllm_launch import (
     CPU_BATCH_TOKENS,
@@ -113,6 +118,7 @@ __all__ = [
     "check_installed",
     "check_vllm",
     "cut_at_stop",
+    "weight_snapshot",
 ]
 
 CPU_KV_CACHE_GB = 1.0  # the CPU engine's KV cache unless kv_cache_gb says otherwise
@@ -342,13 +348,41 @@ class VLLMEngine:
         ``reset_prefix_cache`` and ``reprocess_tied_head`` are the two fixes of the module
         docstring; they are switches for the tests only (off, the engine serves stale
         log-probs)."""
+        return self._reload(
+            lambda dtype: policy_tensors(model, dtype),
+            lambda folder: write_weights(model, folder),
+            reset_prefix_cache=reset_prefix_cache,
+            reprocess_tied_head=reprocess_tied_head,
+        )
+
+    def update_weights_from(self, weights: Mapping[str, torch.Tensor]) -> float:
+        """Serve ``weights`` from now on, a snapshot of the policy taken earlier
+        (:func:`weight_snapshot`: whole tensors by their checkpoint names), through the same
+        path as :meth:`update_weights`; returns the seconds it took. It reads only the
+        snapshot, never the policy, so it may run in another thread than the update's (the
+        rollout producer of ``train.async_lag``) while the policy changes."""
+        return self._reload(
+            lambda dtype: snapshot_tensors(weights, dtype),
+            lambda folder: write_tensors(weights, folder),
+        )
+
+    def _reload(
+        self,
+        tensors: Callable[[torch.dtype], Iterator[tuple[str, torch.Tensor]]],
+        write: Callable[[Path], Any],
+        *,
+        reset_prefix_cache: bool = True,
+        reprocess_tied_head: bool = True,
+    ) -> float:
+        """The sync of :meth:`update_weights`: ``tensors(dtype)`` in memory, or ``write``
+        into the sync folder, whichever the layout takes."""
         started = time.perf_counter()
         if self._sleeping:
             self.llm.wake_up(tags=["weights"])
         if self.layout.sync_in_memory:
-            self._load_in_memory(model)
+            self._load_in_memory(tensors(getattr(torch, self.dtype)))
         else:
-            self._load_from_folder(model)
+            self._load_from_folder(write)
         if reprocess_tied_head and self.tied:
             self.llm.collective_rpc("mcgpo_reprocess_tied_head")
         _free_cached_blocks(self.platform)
@@ -359,16 +393,15 @@ class VLLMEngine:
             self.llm.reset_prefix_cache()
         return time.perf_counter() - started
 
-    def _load_in_memory(self, model: Any) -> None:
+    def _load_in_memory(self, weights: Iterator[tuple[str, torch.Tensor]]) -> None:
         """The engine shares this process: vLLM's in-place reload takes the tensors."""
-        weights = _named_weights(model, getattr(torch, self.dtype))
         self.llm.collective_rpc(
             "reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True}
         )
 
-    def _load_from_folder(self, model: Any) -> None:
+    def _load_from_folder(self, write: Callable[[Path], Any]) -> None:
         """The engine is in other processes: the weights go through its folder."""
-        write_weights(model, self.sync_folder)
+        write(self.sync_folder)
         self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(self.sync_folder)})
 
     def close(self) -> None:
@@ -393,14 +426,6 @@ class VLLMEngine:
                 destroy_model_parallel()
                 if self._owns_world:
                     destroy_distributed_environment()
-
-
-def _named_weights(model: Any, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
-    """The policy's parameters by their checkpoint names (a tied head once, under the
-    embedding's name, as ``save_pretrained`` writes it), each gathered (a sharded policy)
-    and cast to ``dtype`` only when vLLM asks for it: one converted tensor alive at a time."""
-    for name, param in full_parameters(model):
-        yield name, param.to(dtype)
 
 
 def _free_cached_blocks(platform: str) -> None:

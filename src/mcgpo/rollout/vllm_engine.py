@@ -33,44 +33,9 @@ Sampling, stated exactly:
   sampler), and a run is reproducible. The random streams are vLLM's, not the HF
   sampler's: the two engines sample different (equally distributed) responses.
 
-Weight sync (:meth:`VLLMEngine.update_weights`):
-
-- in memory wherever the engine shares the trainer's process (CUDA; a CPU engine built with
-  ``in_process=True``): the policy's parameters, one tensor at a time cast to the engine's
-  dtype, go to vLLM's in-place reload (``collective_rpc("reload_weights",
-  weights_iterator=...)``: the model's ``load_weights`` per tensor, then each layer's
-  post-load processing). Under FSDP2 the policy passed is either the full replica that the
-  trainer all-gathers from the sharded learner after every step
-  (:func:`mcgpo.training.learner.follow_learner`), or (``train.fsdp_replica false``) the
-  sharded policy itself, whose parameters are then all-gathered one at a time as vLLM
-  takes them (:func:`mcgpo.policy.full_parameters`: every rank syncs its own engine, in
-  step).
-- through the engine's folder for the CPU engine in vLLM's processes, the one layout that
-  has no other way in (tensors cross vLLM's process boundary only pickled, measured slower
-  than the disk): the weights written into the folder (:func:`mcgpo.policy.write_weights`:
-  from any rank, as transformers' ``save_pretrained`` writes on rank 0 only; a sharded
-  policy's gathered first), then ``reload_weights(weights_path=folder)``.
-- from a snapshot (:meth:`VLLMEngine.update_weights_from`, ``train.async_lag`` >= 1): the
-  same two paths, fed from :func:`weight_snapshot`, a copy of the tensors the policy would
-  send taken after an update (gathered in the learner's thread), loaded later by the
-  rollout producer between two batches while the policy has moved on.
-- with ``sleep`` (GPU): the engine sleeps at level 2 during the update (weights and KV cache
-  freed, nothing copied to the host); the sync wakes the weights, loads them, frees the
-  trainer's cached blocks (``torch.cuda.empty_cache``), then wakes the KV cache.
-
-- a LoRA policy (``train.lora_rank``) is served merged: the parameters taken are
-  :func:`mcgpo.policy.full_parameters`, which for adapters are ``W + (alpha / r) B A``
-  under the base model's names (:func:`mcgpo.policy.lora.merged_parameters`), so vLLM
-  sees a plain model of the base's class, through either path.
-
-then two fixes, each with a switch that the tests turn off to show that it is needed:
-
-- ``reset_prefix_cache``: the prefix cache keeps the KV of prompts computed with the old
-  weights and would serve them again for a repeated prompt (measured: log-probs off by
-  0.2-0.4 for a repeated prompt longer than one 128-token block);
-- ``reprocess_tied_head``: with tied embeddings vLLM's CPU backend keeps a packed copy of
-  the LM head that the reload leaves stale (log-probs off by ~0.2); the worker re-runs the
-  head's ``process_weights_after_loading`` (a no-op on GPUs).
+Weight sync (:meth:`VLLMEngine.update_weights`, :meth:`VLLMEngine.update_weights_from`): in
+memory where the engine shares the trainer's process, through the engine's folder otherwise,
+with two fixes (prefix cache, tied head); stated exactly in :mod:`mcgpo.rollout.engine_weights`.
 
 Several ranks: every rank builds its own engine on its own device from the policy (before
 it is sharded) and syncs it from its replica (DDP; FSDP2 with ``train.fsdp_replica true``)
@@ -81,9 +46,6 @@ of groups as with the HF engine.
 from __future__ import annotations
 
 import contextlib
-import json
-import os
-import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -103,10 +65,12 @@ from mcgpo.rollout.vllm_launch import (
     check_vllm,
     engine_dtype,
     kept_matmul_precision,
+    launch_environment,
     layout,
     planned_memory_utilization,
     scheduler_limits,
     startup_error,
+    tied_head,
 )
 from mcgpo.rollout.vllm_requests import cut_at_stop, prefill_waves, row_seeds
 
@@ -213,14 +177,14 @@ class VLLMEngine:
             kwargs["kv_cache_memory_bytes"] = int(kv_gb * 2**30)
         if sleep:
             kwargs["enable_sleep_mode"] = True
-        self.tied = _tied(self.folder)
+        self.tied = tied_head(self.folder)
         self._sleeping = False
         self._can_sleep = sleep
         self._owns_world = self.layout.in_process and not _world_initialized()
         eager = self.platform == "cpu" if enforce_eager is None else enforce_eager
         started = time.perf_counter()
         try:
-            with _environment(self.layout.env), kept_matmul_precision():
+            with launch_environment(self.layout.env), kept_matmul_precision():
                 self.llm = LLM(
                     model=str(self.folder),
                     dtype=self.dtype,
@@ -345,8 +309,8 @@ class VLLMEngine:
 
         Order: weights awake, weights loaded (in memory, or through the folder), the
         trainer's cached blocks freed, KV cache awake, prefix cache reset.
-        ``reset_prefix_cache`` and ``reprocess_tied_head`` are the two fixes of the module
-        docstring; they are switches for the tests only (off, the engine serves stale
+        ``reset_prefix_cache`` and ``reprocess_tied_head`` are the two fixes stated in
+        :mod:`mcgpo.rollout.engine_weights`; they are switches for the tests only (off, the engine serves stale
         log-probs)."""
         return self._reload(
             lambda dtype: policy_tensors(model, dtype),
@@ -452,28 +416,3 @@ def _bf16_ok(platform: str) -> bool:
 def _world_initialized() -> bool:
     dist = torch.distributed
     return dist.is_available() and dist.is_initialized()
-
-
-@contextlib.contextmanager
-def _environment(values: dict[str, str]) -> Iterator[None]:
-    """``values`` in ``os.environ`` while vLLM starts (it reads them then), restored after."""
-    envs = sys.modules.get("vllm.envs")  # an in-process engine before froze vLLM's reads
-    if values and hasattr(envs, "disable_envs_cache"):
-        envs.disable_envs_cache()
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for key, old in saved.items():
-            if old is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = old
-
-
-def _tied(folder: Path) -> bool:
-    """Whether the folder's model ties its LM head to the input embeddings."""
-    config = json.loads((folder / "config.json").read_text())
-    text = config.get("text_config") or {}
-    return bool(config.get("tie_word_embeddings", text.get("tie_word_embeddings", False)))

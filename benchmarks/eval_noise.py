@@ -37,8 +37,8 @@ import numpy as np
 from mcgpo.grouping import trajectory_view
 from mcgpo.rollout.group_rollout import collect
 from mcgpo.steps import StepTable
+from mcgpo.training.atomic_files import atomic_write_text
 from mcgpo.training.build import collect_options
-from mcgpo.training.checkpoint import atomic_write_text
 from mcgpo.training.config_layout import from_dict
 from mcgpo.training.evaluate import eval_seed
 from mcgpo.training.presets import load_preset

@@ -27,5 +27,6 @@ fi
 if [ "${MCGPO_VLLM-1}" != "0" ]; then
   MCGPO_VENV=.venv-vllm MCGPO_EXTRAS=vllm,lora bash scripts/setup.sh
   .venv-vllm/bin/python -m pytest -q -p no:randomly -n 0 -m vllm tests/rollout/test_vllm_engine.py \
-    tests/rollout/test_vllm_rollout_correction.py tests/rollout/test_vllm_lora.py
+    tests/rollout/test_vllm_rollout_correction.py tests/rollout/test_vllm_lora.py \
+    tests/rollout/test_vllm_async.py
 fi

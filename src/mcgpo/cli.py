@@ -22,7 +22,9 @@
 
 A bad command line (unknown option, bad value, unknown algorithm, missing model folder, no
 checkpoint to resume) prints one line on stderr and exits with code 2, never a traceback;
-an unknown name gets the closest known one ("did you mean").
+an unknown name gets the closest known one ("did you mean"). These mistakes, every ``--help``,
+``presets`` and ``report`` are answered before torch or transformers is imported: heavy
+imports stay inside the functions that run or load something.
 """
 
 from __future__ import annotations
@@ -213,20 +215,6 @@ def resolve(command: str, argv: Sequence[str]) -> RunConfig:
     return resolve_command(command, argv)
 
 
-def check_environment(cfg: RunConfig) -> None:
-    """Things a config cannot know by itself: the model folder and the device exist."""
-    if cfg.model != "tiny" and not Path(cfg.model).is_dir():
-        from mcgpo.policy.loading import hub_id_hint
-
-        hint = hub_id_hint(cfg.model) or " (give a folder or 'tiny')"
-        raise ConfigError(f"model folder {cfg.model!r} not found{hint}")
-    if cfg.device.startswith("cuda"):
-        import torch
-
-        if not torch.cuda.is_available():
-            raise ConfigError(f"--device {cfg.device}: CUDA is not available on this machine")
-
-
 def _print_presets() -> None:
     from mcgpo.training.presets import available_presets, preset_command
 
@@ -361,8 +349,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         if any(a in ("-h", "--help") for a in argv[1:]):
             parser.parse_args([command, "--help"])
-        cfg = resolve(command, argv[1:])
-        check_environment(cfg)
+        from mcgpo.training.preflight import preflight
+
+        cfg, note = preflight(command, resolve(command, argv[1:]), argv[1:])
+        if note and int(os.environ.get("RANK", "0")) == 0:
+            print(f"mcgpo {command}: note: {note}", file=sys.stderr)
         if cfg.nproc > 1:  # train, sft and eval run on several processes
             from mcgpo.training.distributed import check_world, launch_local, launched_world_size
 

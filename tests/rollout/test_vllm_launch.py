@@ -226,6 +226,46 @@ def test_sync_order_with_sleep_and_bf16_tensors_in_memory(fake_vllm, folder, mon
                      "reset_prefix_cache"]  # fmt: skip
 
 
+def test_a_snapshot_loads_through_the_same_path_whatever_the_policy_is_by_then(
+    fake_vllm, folder, monkeypatch
+):
+    """train.async_lag on the engine: weight_snapshot copies the weights the sync would send
+    (the same names); the policy moves on; update_weights_from sends the snapshot's values
+    in the same order of calls as update_weights, in memory (bf16) and, for the CPU engine
+    in vLLM's processes, through its folder."""
+    from safetensors.torch import load_file
+
+    from mcgpo.rollout.vllm_engine import weight_snapshot
+
+    fake_vllm("cuda")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: FakeLLM.log.append(("empty_cache",)))
+    engine = _engine(folder)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Linear(2, 1))
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    snapshot = weight_snapshot(model)
+    assert list(snapshot) == list(before)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)  # the next update
+    engine.update_weights_from(snapshot)
+    calls = [c[0] if c[0] != "collective_rpc" else c[1] for c in FakeLLM.log]
+    assert calls == ["reload_weights", "mcgpo_reprocess_tied_head", "empty_cache",
+                     "reset_prefix_cache"]  # fmt: skip
+    sent = dict(FakeLLM.log[0][2]["weights_iterator"])
+    assert sent.keys() == before.keys()
+    assert all(torch.equal(sent[n], before[n].bfloat16()) for n in before)  # not the new ones
+
+    fake_vllm("cpu")
+    engine = _engine(folder, device="cpu", sync_folder=folder / "sync")
+    engine.update_weights_from(snapshot)
+    ((_, method, kwargs),) = [c for c in FakeLLM.log if c[0] == "collective_rpc"][:1]
+    assert (method, kwargs) == ("reload_weights", {"weights_path": str(folder / "sync")})
+    written = load_file(folder / "sync" / "model.safetensors")
+    assert written.keys() == before.keys()
+    assert all(torch.equal(written[n], before[n]) for n in before)
+
+
 # ---- 4. dtype, memory plan, start-up errors ----
 
 

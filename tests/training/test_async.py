@@ -95,10 +95,9 @@ def test_lag_resolves_pi_old_and_the_correction():
             "recompute or auto): the sampler's log-probs are of weights 1 update(s) old",
         ),
         (
-            {"train": {"async_lag": 2}, "rollout": {"engine": "vllm"}},
-            "train.async_lag 2 needs rollout.engine hf: the producer samples from its own "
-            "replica of the policy, and the colocated vllm engine holds one version of the "
-            "weights (and sleeps through the update); use --train.async_lag 0",
+            {"train": {"async_lag": 2}, "rollout": {"engine": "vllm", "vllm_sleep": True}},
+            "train.async_lag 2 needs rollout.vllm_sleep false: the engine samples the next "
+            "batch while the update runs, so it cannot sleep through it",
         ),
     ],
 )
@@ -108,11 +107,28 @@ def test_what_cannot_hold_is_refused_in_one_line(settings, message):
     assert str(info.value) == message
 
 
+def test_the_engine_samples_ahead_unless_it_sleeps():
+    """rollout.engine vllm with k >= 1 is accepted (the producer samples on the engine);
+    only its sleep mode cannot hold, and sleep with k = 0 stays as it was."""
+    from_dict({"train": {"async_lag": 1}, "rollout": {"engine": "vllm"}}).check()
+    from_dict({"rollout": {"engine": "vllm", "vllm_sleep": True}}).check()
+    from_dict({"train": {"async_lag": 1}, "rollout": {"vllm_sleep": True}}).check()  # hf
+
+
 def test_the_cli_refuses_with_exit_2(smoke_args, tmp_path, capsys):
     args = smoke_args(tmp_path / "r", "--train.async_lag", "1", "--train.old_logprobs", "sampler")
     assert main(args) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("mcgpo train: error: train.async_lag 1 needs pi_old") and "\n" not in err
+    args = smoke_args(tmp_path / "s", "--train.async_lag", "1", "--rollout.engine", "vllm",
+                      "--rollout.vllm_sleep", "true")  # fmt: skip
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        "mcgpo train: error: train.async_lag 1 needs rollout.vllm_sleep false: the engine "
+        "samples the next batch while the update runs, so it cannot sleep through it"
+    )
+    assert not (tmp_path / "s" / "config.toml").exists()
 
 
 # ------------------------------------------------------------------------------ runs

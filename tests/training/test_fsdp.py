@@ -224,3 +224,36 @@ def test_fsdp2_without_a_replica_resumes_as_uninterrupted(tmp_path, smoke_args):
     launch(smoke_args(split, *args, "--train.updates", "1"), **fake)
     launch(smoke_args(split, *args, "--resume"), **fake)
     assert _gap(saved_weights(whole / "model"), saved_weights(split / "model")) == 0.0
+
+
+@pytest.mark.slow
+def test_fsdp2_without_a_replica_samples_ahead_on_the_engine_as_with_one(tmp_path, smoke_args):
+    """``train.async_lag 1`` with the policy sharded in place: each rank's producer samples
+    on its engine (the stand-in), which loads the snapshots the learners gathered after
+    each update; each evaluation borrows the engine between two batches, loading θ_u
+    gathered from the shards (a collective in the learners' threads). The run equals 2
+    FSDP2 ranks with a replica and the HF producer: the same rollouts and evaluations, the
+    weights within 1e-6."""
+    extra = (*GREEDY, "--save-rollouts", "--train.rollout_correction", "tis")
+    extra = (*extra, "--train.old_logprobs", "recompute", "--eval.every", "1")
+    extra = (*extra, "--train.async_lag", "1", "--train.updates", "3")
+    hf, drop = tmp_path / "hf", tmp_path / "drop"
+    launch(smoke_args(hf, *extra, *FSDP2))
+    launch(
+        smoke_args(drop, *extra, *FSDP2, "--rollout.engine", "vllm"),
+        path=(FAKE_ENGINE,),
+        env={"MCGPO_TEST_EXPECT_SHARDED": "1"},
+    )
+    _same_rollouts((hf, 2), (drop, 2))
+    from mcgpo.training.metrics import read_metrics
+
+    def records(folder: Path, key: str) -> list[tuple[int, float]]:
+        return [(r["update"], r[key]) for r in read_metrics(folder / "metrics.jsonl") if key in r]
+
+    assert len(records(hf, "eval/success")) == 4
+    assert records(hf, "eval/success") == records(drop, "eval/success")
+    assert [lag for _, lag in records(drop, "async/lag")] == [0, 1, 1]
+    a, b = records(hf, "pi_old/max_abs_diff"), records(drop, "pi_old/max_abs_diff")
+    assert len(a) == len(b) == 3  # the engine's batches were sampled with the replica's θ
+    assert all(abs(x - y) < 1e-5 for (_, x), (_, y) in zip(a, b))
+    assert _gap(saved_weights(hf / "model"), saved_weights(drop / "model")) < 1e-6

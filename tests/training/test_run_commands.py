@@ -17,7 +17,12 @@ import pytest
 from mcgpo.cli import main, resolve
 from mcgpo.training.config import RunConfig
 from mcgpo.training.metrics import read_metrics
-from mcgpo.training.start_lines import cpu_size_note, train_start_line
+from mcgpo.training.start_lines import (
+    cpu_size_note,
+    eval_start_line,
+    sft_start_line,
+    train_start_line,
+)
 
 
 def one_line(err: str) -> str:
@@ -42,6 +47,36 @@ def trained(micro_model, tmp_path_factory) -> Path:
 
 
 # ---------------------------------------------------------------- friction 1: eval of a run
+def test_eval_of_a_gpu_run_without_cuda_falls_back_to_the_cpu(trained, tmp_path, capsys,
+                                                              monkeypatch):  # fmt: skip
+    import shutil
+
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # this machine: no CUDA
+    run = tmp_path / "gpu-run"  # the smoke run as a GPU trained it: device = "cuda"
+    shutil.copytree(trained / "model", run / "model")
+    text = (trained / "config.toml").read_text(encoding="utf-8")
+    assert '\ndevice = "cpu"\n' in text
+    (run / "config.toml").write_text(text.replace('\ndevice = "cpu"\n', '\ndevice = "cuda"\n'))
+    assert resolve("eval", ["--run", str(run)]).device == "cuda"  # what the run says
+    capsys.readouterr()
+    assert main(["eval", "--run", str(run)]) == 0
+    err = capsys.readouterr().err
+    assert err.splitlines()[0] == (
+        "mcgpo eval: note: the run trained on cuda, and CUDA is not available on this "
+        "machine: evaluating on the CPU (--device cpu)"
+    )
+    assert err.splitlines()[1].startswith(f"[eval] {run / 'model'} on household: ")
+    assert ", cpu; eval.json -> " in err.splitlines()[1]
+    assert json.loads((run / "eval.json").read_text())["eval/episodes"] == 1.0
+    # asked for on the command line: still one line naming the device, exit 2
+    assert main(["eval", "--run", str(run), "--device", "cuda"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "mcgpo eval: error: --device cuda: CUDA is not available on this machine"
+    )
+
+
 def test_eval_of_a_model_in_a_run_folder_uses_the_runs_config(trained, capsys):
     capsys.readouterr()
     assert main(["eval", "--model", str(trained / "model")]) == 0
@@ -140,6 +175,20 @@ def test_a_bare_train_on_the_cpu_names_the_smaller_presets():
     assert cpu_size_note(resolve("train", ["--preset", "household-quick"])) is None
     assert cpu_size_note(resolve("train", ["--device", "cuda"])) is None
     assert cpu_size_note(bare, updates_done=148) is None  # a resume near its end
+
+
+def test_sft_and_eval_start_lines_say_what_runs_on_what_and_where_it_writes():
+    # household-smoke's warm start: 2 demonstrations, 2 held-out tasks (its [sft], [eval])
+    smoke = resolve("sft", ["--preset", "household-smoke", "--out", "runs/w", "--sft.epochs", "2"])
+    assert sft_start_line(smoke) == (
+        "[sft] warm start of tiny on household: 2 expert episodes, 2 epochs, eval on 2 "
+        "held-out tasks before and after; run folder runs/w"
+    )
+    cfg = resolve("eval", ["--run", "none", "--eval.tasks", "7", "--eval.temperature", "0"])
+    assert eval_start_line(cfg) == (
+        "[eval] tiny on household: 7 held-out tasks of valid_seen at T=0.0, cpu; "
+        f"eval.json -> {RunConfig().out}"
+    )
 
 
 # ---------------------------------------------------------------- friction 10: one syntax

@@ -34,7 +34,7 @@ from mcgpo.bench.intervals import (
     detectable_effect,
     paired_t_interval,
 )
-from mcgpo.training.checkpoint import atomic_write_text
+from mcgpo.training.atomic_files import atomic_write_text
 
 __all__ = [
     "EvalPoint",

@@ -139,14 +139,14 @@ def _check_runs(
     child processes will, before any of them starts: a misspelled preset, ``--set`` key or
     algorithm option is found in seconds, not after the warm start."""
     from mcgpo.training.algorithms import resolve_algo
-    from mcgpo.training.build import env_factory
     from mcgpo.training.config import ConfigError
+    from mcgpo.training.environments import env_factory
     from mcgpo.training.overrides import resolve_command
 
     try:
         configs = [resolve_command("sft", ["--preset", preset, *warm])] if warm is not None else []
         if configs and configs[0].model != "tiny" and not Path(configs[0].model).is_dir():
-            from mcgpo.policy.loading import hub_id_hint
+            from mcgpo.model_names import hub_id_hint
 
             hint = hub_id_hint(configs[0].model)
             raise _BadInput(f"--set model={configs[0].model}: folder not found{hint}")

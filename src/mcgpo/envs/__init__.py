@@ -33,6 +33,7 @@ __all__ = [
     "EnvRegistry",
     "Observation",
     "StepResult",
+    "env_named",
     "make_env",
 ]
 
@@ -83,14 +84,11 @@ BUILT_IN: dict[str, Callable[..., Env]] = {
 ENVIRONMENTS = EnvRegistry(BUILT_IN)
 
 
-def make_env(name: str, **options: Any) -> Env:
-    """Build the environment ``name`` with its options; unknown names raise ValueError.
-
-    A plugin that cannot be loaded raises :class:`EnvPluginError` (an ImportError) with one
-    line naming its entry point and the error.
-    """
+def env_named(name: str) -> Callable[..., Env]:
+    """The factory of the environment ``name`` (nothing is built or imported yet); an unknown
+    name raises ValueError with the closest known one."""
     try:
-        factory = ENVIRONMENTS[name]
+        return ENVIRONMENTS[name]
     except KeyError:
         close = difflib.get_close_matches(name, list(ENVIRONMENTS), n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
@@ -98,4 +96,12 @@ def make_env(name: str, **options: Any) -> Env:
             f"unknown environment {name!r}{hint}; known: {', '.join(ENVIRONMENTS)} "
             f"(or install a package with a {ENTRY_POINT_GROUP!r} entry point)"
         ) from None
-    return factory(**options)
+
+
+def make_env(name: str, **options: Any) -> Env:
+    """Build the environment ``name`` with its options; unknown names raise ValueError.
+
+    A plugin that cannot be loaded raises :class:`EnvPluginError` (an ImportError) with one
+    line naming its entry point and the error.
+    """
+    return env_named(name)(**options)

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from mcgpo.objectives.losses import LOG_RATIO_CLAMP
+from mcgpo.update_choices import ROLLOUT_CORRECTION_LEVELS, ROLLOUT_CORRECTIONS
 
 __all__ = [
     "CORRECTION_SUMS",
@@ -36,9 +37,6 @@ __all__ = [
     "rollout_correction_sums",
     "rollout_correction_weights",
 ]
-
-ROLLOUT_CORRECTIONS = ("none", "tis", "mis")  # train.rollout_correction (with "auto")
-ROLLOUT_CORRECTION_LEVELS = ("token", "sequence")  # train.rollout_correction_level
 
 
 @torch.no_grad()

@@ -23,8 +23,8 @@ P(B) holds the pairs whose two rows are both in micro-batch B.
 The coefficients (eps, dual clip, kl_coef, KL kind, entropy_coef) have no defaults here: they
 are required keyword arguments, and their defaults live in the run configuration only
 (:class:`mcgpo.training.config.TrainConfig`, verl-agent's recipe). ``dual_clip = 0`` turns the
-dual clip off, as ``train.dual_clip = 0`` does. ``KL_KINDS`` is defined here, next to the
-estimators it names; the configuration checks ``train.kl_kind`` against it.
+dual clip off, as ``train.dual_clip = 0`` does. ``KL_KINDS``, the estimators' names, is defined without torch in :mod:`mcgpo.update_choices`
+(the configuration checks ``train.kl_kind`` against it) and named here too.
 
 Departures, and why:
 
@@ -43,6 +43,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from mcgpo.update_choices import KL_KINDS
+
 __all__ = [
     "KL_KINDS",
     "LOG_RATIO_CLAMP",
@@ -55,7 +57,6 @@ __all__ = [
     "task_loss",
 ]
 
-KL_KINDS = ("low_var_kl", "k3", "kl", "k1", "mse", "k2", "abs")
 LOG_RATIO_CLAMP = 20.0  # |log-ratio| before exp, in every ratio of this package (as verl)
 _K3_CLAMP = 10.0
 

@@ -60,6 +60,8 @@ from typing import Any
 
 import torch
 
+from mcgpo.update_choices import COMPILE_SETTINGS
+
 __all__ = [
     "COMPILE_SETTINGS",
     "check_compilable",
@@ -73,9 +75,6 @@ __all__ = [
     "eager_decoder_layers",
 ]
 
-# train.compile: auto compiles on CUDA only (on a CPU the compile time outweighs the gain
-# for the tiny models that train there).
-COMPILE_SETTINGS = ("auto", "true", "false")
 
 # Graphs a layer class's forward may compile before dynamo runs new variants eagerly (its
 # default is 8; the variants listed in the module docstring are at most 12, and the FSDP2

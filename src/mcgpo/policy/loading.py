@@ -31,13 +31,15 @@ from __future__ import annotations
 import json
 import os
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors import SafetensorError
+
+from mcgpo.model_names import hub_id_hint
 
 __all__ = [
     "PolicyLoadError",
@@ -48,25 +50,13 @@ __all__ = [
     "load_policy",
     "save_policy",
     "write_policy",
+    "write_tensors",
     "write_weights",
 ]
 
 
 class PolicyLoadError(ValueError):
     """A policy folder cannot be loaded; the message names the folder and the problem."""
-
-
-def hub_id_hint(path: str | Path) -> str:
-    """For a missing folder named like a Hugging Face hub id (``owner/name``): the tail of
-    its error, saying that only a local folder loads (nothing is downloaded); else ``""``."""
-    text = str(path)
-    parts = text.split("/")
-    if len(parts) != 2 or not all(parts) or text.startswith((".", "~")):
-        return ""
-    return (
-        f"; pass a local folder: download the hub model first, e.g. `hf download {text} "
-        f"--local-dir models/{parts[1]}`, then --model models/{parts[1]} (no download here)"
-    )
 
 
 def load_policy(
@@ -230,14 +220,21 @@ def write_weights(model: Any, path: str | Path) -> Path:
     file, from this process whatever its rank; returns the file. transformers'
     ``save_pretrained`` writes on torch.distributed's rank 0 only (5.x), but under several
     processes every rank's vLLM engine reads a folder of its own."""
+    return write_tensors(full_weights(model), path)
+
+
+def write_tensors(weights: Mapping[str, torch.Tensor], path: str | Path) -> Path:
+    """``weights`` (whole tensors by their checkpoint names) into ``path/model.safetensors``
+    atomically (an engine reading the folder never sees half a file); returns the file."""
     from safetensors.torch import save_file
 
     folder = Path(path)
     folder.mkdir(parents=True, exist_ok=True)
     target = folder / "model.safetensors"
     tmp = folder / f".model.safetensors.{os.getpid()}.tmp"
-    save_file(full_weights(model), str(tmp), metadata={"format": "pt"})
-    os.replace(tmp, target)  # an engine reading the folder never sees half a file
+    tensors = {name: t.detach().cpu().contiguous() for name, t in weights.items()}
+    save_file(tensors, str(tmp), metadata={"format": "pt"})
+    os.replace(tmp, target)
     return target
 
 

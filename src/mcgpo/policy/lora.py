@@ -41,6 +41,8 @@ from typing import Any
 
 import torch
 
+from mcgpo.model_names import ADAPTER_CONFIG, is_adapter_folder
+
 __all__ = [
     "ADAPTER_CONFIG",
     "AdaptersOff",
@@ -59,7 +61,6 @@ __all__ = [
     "trainable_count",
 ]
 
-ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 ADAPTER = "default"  # PEFT's adapter name; one adapter per policy
 
@@ -212,11 +213,6 @@ def save_adapter(
     if tokenizer is not None:
         tokenizer.save_pretrained(folder)
     return folder
-
-
-def is_adapter_folder(path: str | Path) -> bool:
-    """Whether ``path`` is a PEFT adapter folder (it has ``adapter_config.json``)."""
-    return (Path(path) / ADAPTER_CONFIG).is_file()
 
 
 def adapter_base(path: str | Path) -> str | None:

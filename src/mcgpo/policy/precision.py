@@ -28,6 +28,8 @@ from typing import Any
 
 import torch
 
+from mcgpo.update_choices import PRECISIONS
+
 __all__ = [
     "PRECISIONS",
     "PrecisionError",
@@ -37,8 +39,6 @@ __all__ = [
     "compute_dtype",
     "weight_dtype",
 ]
-
-PRECISIONS = ("fp32", "bf16-mixed", "bf16")
 
 
 class PrecisionError(ValueError):

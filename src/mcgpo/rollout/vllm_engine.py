@@ -33,40 +33,9 @@ Sampling, stated exactly:
   sampler), and a run is reproducible. The random streams are vLLM's, not the HF
   sampler's: the two engines sample different (equally distributed) responses.
 
-Weight sync (:meth:`VLLMEngine.update_weights`):
-
-- in memory wherever the engine shares the trainer's process (CUDA; a CPU engine built with
-  ``in_process=True``): the policy's parameters, one tensor at a time cast to the engine's
-  dtype, go to vLLM's in-place reload (``collective_rpc("reload_weights",
-  weights_iterator=...)``: the model's ``load_weights`` per tensor, then each layer's
-  post-load processing). Under FSDP2 the policy passed is either the full replica that the
-  trainer all-gathers from the sharded learner after every step
-  (:func:`mcgpo.training.learner.follow_learner`), or (``train.fsdp_replica false``) the
-  sharded policy itself, whose parameters are then all-gathered one at a time as vLLM
-  takes them (:func:`mcgpo.policy.full_parameters`: every rank syncs its own engine, in
-  step).
-- through the engine's folder for the CPU engine in vLLM's processes, the one layout that
-  has no other way in (tensors cross vLLM's process boundary only pickled, measured slower
-  than the disk): the weights written into the folder (:func:`mcgpo.policy.write_weights`:
-  from any rank, as transformers' ``save_pretrained`` writes on rank 0 only; a sharded
-  policy's gathered first), then ``reload_weights(weights_path=folder)``.
-- with ``sleep`` (GPU): the engine sleeps at level 2 during the update (weights and KV cache
-  freed, nothing copied to the host); the sync wakes the weights, loads them, frees the
-  trainer's cached blocks (``torch.cuda.empty_cache``), then wakes the KV cache.
-
-- a LoRA policy (``train.lora_rank``) is served merged: the parameters taken are
-  :func:`mcgpo.policy.full_parameters`, which for adapters are ``W + (alpha / r) B A``
-  under the base model's names (:func:`mcgpo.policy.lora.merged_parameters`), so vLLM
-  sees a plain model of the base's class, through either path.
-
-then two fixes, each with a switch that the tests turn off to show that it is needed:
-
-- ``reset_prefix_cache``: the prefix cache keeps the KV of prompts computed with the old
-  weights and would serve them again for a repeated prompt (measured: log-probs off by
-  0.2-0.4 for a repeated prompt longer than one 128-token block);
-- ``reprocess_tied_head``: with tied embeddings vLLM's CPU backend keeps a packed copy of
-  the LM head that the reload leaves stale (log-probs off by ~0.2); the worker re-runs the
-  head's ``process_weights_after_loading`` (a no-op on GPUs).
+Weight sync (:meth:`VLLMEngine.update_weights`, :meth:`VLLMEngine.update_weights_from`): in
+memory where the engine shares the trainer's process, through the engine's folder otherwise,
+with two fixes (prefix cache, tied head); stated exactly in :mod:`mcgpo.rollout.engine_weights`.
 
 Several ranks: every rank builds its own engine on its own device from the policy (before
 it is sharded) and syncs it from its replica (DDP; FSDP2 with ``train.fsdp_replica true``)
@@ -77,17 +46,15 @@ of groups as with the HF engine.
 from __future__ import annotations
 
 import contextlib
-import json
-import os
-import sys
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from mcgpo.policy.loading import full_parameters, write_policy, write_weights
+from mcgpo.policy.loading import write_policy, write_tensors, write_weights
+from mcgpo.rollout.engine_weights import policy_tensors, snapshot_tensors, weight_snapshot
 from mcgpo.rollout.sampler import Samples
 from mcgpo.rollout.vllm_launch import (
     CPU_BATCH_TOKENS,
@@ -98,10 +65,12 @@ from mcgpo.rollout.vllm_launch import (
     check_vllm,
     engine_dtype,
     kept_matmul_precision,
+    launch_environment,
     layout,
     planned_memory_utilization,
     scheduler_limits,
     startup_error,
+    tied_head,
 )
 from mcgpo.rollout.vllm_requests import cut_at_stop, prefill_waves, row_seeds
 
@@ -113,6 +82,7 @@ __all__ = [
     "check_installed",
     "check_vllm",
     "cut_at_stop",
+    "weight_snapshot",
 ]
 
 CPU_KV_CACHE_GB = 1.0  # the CPU engine's KV cache unless kv_cache_gb says otherwise
@@ -207,14 +177,14 @@ class VLLMEngine:
             kwargs["kv_cache_memory_bytes"] = int(kv_gb * 2**30)
         if sleep:
             kwargs["enable_sleep_mode"] = True
-        self.tied = _tied(self.folder)
+        self.tied = tied_head(self.folder)
         self._sleeping = False
         self._can_sleep = sleep
         self._owns_world = self.layout.in_process and not _world_initialized()
         eager = self.platform == "cpu" if enforce_eager is None else enforce_eager
         started = time.perf_counter()
         try:
-            with _environment(self.layout.env), kept_matmul_precision():
+            with launch_environment(self.layout.env), kept_matmul_precision():
                 self.llm = LLM(
                     model=str(self.folder),
                     dtype=self.dtype,
@@ -339,16 +309,44 @@ class VLLMEngine:
 
         Order: weights awake, weights loaded (in memory, or through the folder), the
         trainer's cached blocks freed, KV cache awake, prefix cache reset.
-        ``reset_prefix_cache`` and ``reprocess_tied_head`` are the two fixes of the module
-        docstring; they are switches for the tests only (off, the engine serves stale
+        ``reset_prefix_cache`` and ``reprocess_tied_head`` are the two fixes stated in
+        :mod:`mcgpo.rollout.engine_weights`; they are switches for the tests only (off, the engine serves stale
         log-probs)."""
+        return self._reload(
+            lambda dtype: policy_tensors(model, dtype),
+            lambda folder: write_weights(model, folder),
+            reset_prefix_cache=reset_prefix_cache,
+            reprocess_tied_head=reprocess_tied_head,
+        )
+
+    def update_weights_from(self, weights: Mapping[str, torch.Tensor]) -> float:
+        """Serve ``weights`` from now on, a snapshot of the policy taken earlier
+        (:func:`weight_snapshot`: whole tensors by their checkpoint names), through the same
+        path as :meth:`update_weights`; returns the seconds it took. It reads only the
+        snapshot, never the policy, so it may run in another thread than the update's (the
+        rollout producer of ``train.async_lag``) while the policy changes."""
+        return self._reload(
+            lambda dtype: snapshot_tensors(weights, dtype),
+            lambda folder: write_tensors(weights, folder),
+        )
+
+    def _reload(
+        self,
+        tensors: Callable[[torch.dtype], Iterator[tuple[str, torch.Tensor]]],
+        write: Callable[[Path], Any],
+        *,
+        reset_prefix_cache: bool = True,
+        reprocess_tied_head: bool = True,
+    ) -> float:
+        """The sync of :meth:`update_weights`: ``tensors(dtype)`` in memory, or ``write``
+        into the sync folder, whichever the layout takes."""
         started = time.perf_counter()
         if self._sleeping:
             self.llm.wake_up(tags=["weights"])
         if self.layout.sync_in_memory:
-            self._load_in_memory(model)
+            self._load_in_memory(tensors(getattr(torch, self.dtype)))
         else:
-            self._load_from_folder(model)
+            self._load_from_folder(write)
         if reprocess_tied_head and self.tied:
             self.llm.collective_rpc("mcgpo_reprocess_tied_head")
         _free_cached_blocks(self.platform)
@@ -359,16 +357,15 @@ class VLLMEngine:
             self.llm.reset_prefix_cache()
         return time.perf_counter() - started
 
-    def _load_in_memory(self, model: Any) -> None:
+    def _load_in_memory(self, weights: Iterator[tuple[str, torch.Tensor]]) -> None:
         """The engine shares this process: vLLM's in-place reload takes the tensors."""
-        weights = _named_weights(model, getattr(torch, self.dtype))
         self.llm.collective_rpc(
             "reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True}
         )
 
-    def _load_from_folder(self, model: Any) -> None:
+    def _load_from_folder(self, write: Callable[[Path], Any]) -> None:
         """The engine is in other processes: the weights go through its folder."""
-        write_weights(model, self.sync_folder)
+        write(self.sync_folder)
         self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(self.sync_folder)})
 
     def close(self) -> None:
@@ -395,14 +392,6 @@ class VLLMEngine:
                     destroy_distributed_environment()
 
 
-def _named_weights(model: Any, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
-    """The policy's parameters by their checkpoint names (a tied head once, under the
-    embedding's name, as ``save_pretrained`` writes it), each gathered (a sharded policy)
-    and cast to ``dtype`` only when vLLM asks for it: one converted tensor alive at a time."""
-    for name, param in full_parameters(model):
-        yield name, param.to(dtype)
-
-
 def _free_cached_blocks(platform: str) -> None:
     """Give the trainer's cached, unused CUDA blocks back before vLLM's KV cache wakes."""
     if platform == "cuda" and torch.cuda.is_available():
@@ -427,28 +416,3 @@ def _bf16_ok(platform: str) -> bool:
 def _world_initialized() -> bool:
     dist = torch.distributed
     return dist.is_available() and dist.is_initialized()
-
-
-@contextlib.contextmanager
-def _environment(values: dict[str, str]) -> Iterator[None]:
-    """``values`` in ``os.environ`` while vLLM starts (it reads them then), restored after."""
-    envs = sys.modules.get("vllm.envs")  # an in-process engine before froze vLLM's reads
-    if values and hasattr(envs, "disable_envs_cache"):
-        envs.disable_envs_cache()
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for key, old in saved.items():
-            if old is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = old
-
-
-def _tied(folder: Path) -> bool:
-    """Whether the folder's model ties its LM head to the input embeddings."""
-    config = json.loads((folder / "config.json").read_text())
-    text = config.get("text_config") or {}
-    return bool(config.get("tie_word_embeddings", text.get("tie_word_embeddings", False)))

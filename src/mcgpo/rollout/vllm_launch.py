@@ -33,10 +33,13 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import json
 import os
 import socket
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 __all__ = [
@@ -49,10 +52,12 @@ __all__ = [
     "check_vllm",
     "engine_dtype",
     "kept_matmul_precision",
+    "launch_environment",
     "layout",
     "planned_memory_utilization",
     "scheduler_limits",
     "startup_error",
+    "tied_head",
 ]
 
 ENGINES = ("hf", "vllm")  # rollout.engine: mcgpo's samplers, or vLLM
@@ -268,3 +273,28 @@ def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+@contextlib.contextmanager
+def launch_environment(values: dict[str, str]) -> Iterator[None]:
+    """``values`` in ``os.environ`` while vLLM starts (it reads them then), restored after."""
+    envs = sys.modules.get("vllm.envs")  # an in-process engine before froze vLLM's reads
+    if values and hasattr(envs, "disable_envs_cache"):
+        envs.disable_envs_cache()
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, old in saved.items():
+            if old is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = old
+
+
+def tied_head(folder: Path) -> bool:
+    """Whether the folder's model ties its LM head to the input embeddings."""
+    config = json.loads((folder / "config.json").read_text())
+    text = config.get("text_config") or {}
+    return bool(config.get("tie_word_embeddings", text.get("tie_word_embeddings", False)))

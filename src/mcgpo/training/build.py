@@ -1,6 +1,7 @@
-"""A run's parts built from its config: the environment factory, the policy, the options of
-rollouts and evaluations, their sampling seeds, and AdamW. Each mistake a user can make here (a
-bad environment option, a model folder that cannot be loaded) is a one-line
+"""A run's parts built from its config: the environment factory (from
+:mod:`mcgpo.training.environments`), the policy, the options of rollouts and evaluations,
+their sampling seeds, and AdamW. Each mistake a user can make here (a bad environment
+option, a model folder that cannot be loaded) is a one-line
 :class:`~mcgpo.training.config.ConfigError`."""
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import torch
 
 from mcgpo.rollout.group_rollout import CollectOptions
 from mcgpo.training.config import ConfigError, RunConfig
-from mcgpo.training.config_layout import parse_scalar
+from mcgpo.training.environments import env_factory, typed_env_options
 
 __all__ = [
     "build_optimizer",
@@ -27,25 +28,6 @@ __all__ = [
     "typed_env_options",
     "wrap_lora",
 ]
-
-
-def env_factory(cfg: RunConfig) -> Callable[[], Any]:
-    """A no-argument factory of fresh environments of ``cfg.env.name``; picklable
-    (:class:`~mcgpo.envs.workers.EnvSpec`), so that worker processes can build them too."""
-    from mcgpo.envs.workers import EnvSpec
-
-    name = cfg.env.name
-    make = EnvSpec(name, typed_env_options(cfg))
-    try:
-        make()  # a bad name or option, or a missing extra, is reported before any model work
-    except (ValueError, TypeError, ImportError) as err:
-        raise ConfigError(f"env {name!r}: {str(err).splitlines()[0]}") from None
-    return make
-
-
-def typed_env_options(cfg: RunConfig) -> dict[str, Any]:
-    """Environment options with command-line strings read as TOML would (12 -> int)."""
-    return {k: parse_scalar(v) if isinstance(v, str) else v for k, v in cfg.env.options.items()}
 
 
 def load_model(

@@ -11,7 +11,10 @@ Layout inside a run folder::
 A checkpoint is built in a temporary folder next to its final place and renamed into place
 with ``os.replace``; ``latest`` is rewritten the same way (temp file, then ``os.replace``).
 A crash at any moment therefore leaves either the old or the new checkpoint, never half of
-one. Only the newest ``keep`` checkpoints are kept.
+one. Only the newest ``keep`` checkpoints are kept. Finding them
+(:func:`~mcgpo.training.checkpoint_folders.latest_checkpoint`, ``kept_checkpoints``) and the
+atomic write (:mod:`mcgpo.training.atomic_files`) need no torch and live apart; this module
+names them too.
 
 RNG states (python ``random``, numpy's global generator, torch CPU and CUDA) are restored
 on resume so that a stopped-and-resumed run equals the uninterrupted one.
@@ -29,6 +32,9 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from mcgpo.training.atomic_files import atomic_write_text
+from mcgpo.training.checkpoint_folders import kept_checkpoints, latest_checkpoint
 
 __all__ = [
     "Checkpoint",
@@ -84,16 +90,6 @@ def restore_rng(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file and ``os.replace``."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-
-
 def save_checkpoint(
     run_folder: Path,
     *,
@@ -147,24 +143,6 @@ def save_checkpoint(
         if old != final:
             shutil.rmtree(old)
     return final
-
-
-def latest_checkpoint(run_folder: Path) -> Path | None:
-    """The newest complete checkpoint of a run folder, or None."""
-    pointer = Path(run_folder) / "checkpoints" / "latest"
-    if not pointer.is_file():
-        return None
-    path = pointer.parent / pointer.read_text(encoding="utf-8").strip()
-    return path if (path / "trainer.pt").is_file() else None
-
-
-def kept_checkpoints(run_folder: Path) -> list[Path]:
-    """The checkpoints a run folder keeps, newest first, from the one ``latest`` names."""
-    latest = latest_checkpoint(run_folder)
-    if latest is None:
-        return []
-    kept = sorted(p for p in latest.parent.iterdir() if p.name.startswith("update-"))
-    return [p for p in reversed(kept) if p.name <= latest.name and p.is_dir()]
 
 
 def load_checkpoint(path: Path) -> Checkpoint:

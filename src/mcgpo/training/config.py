@@ -130,7 +130,9 @@ class RolloutConfig:
         "weights; on a CPU the update's dtype), bfloat16 or float32",
     )
     vllm_sleep: bool = option(
-        False, "rollout.engine vllm on a GPU: free vLLM's memory during the update (sleep mode)"
+        False,
+        "rollout.engine vllm on a GPU: free vLLM's memory during the update (sleep mode; "
+        "not with train.async_lag >= 1, where the engine samples during the update)",
     )
     overlap_env: bool = option(
         False,
@@ -300,12 +302,11 @@ class RunConfig:
                 f"train.fsdp_replica false needs rollout.engine vllm: the "
                 f"{self.rollout.engine} sampler generates from the full replica"
             )
-        if self.train.async_lag and self.rollout.engine != "hf":
+        if self.train.async_lag and self.rollout.engine == "vllm" and self.rollout.vllm_sleep:
             raise ConfigError(
-                f"train.async_lag {self.train.async_lag} needs rollout.engine hf: the producer "
-                f"samples from its own replica of the policy, and the colocated "
-                f"{self.rollout.engine} engine holds one version of the weights (and sleeps "
-                f"through the update); use --train.async_lag 0"
+                f"train.async_lag {self.train.async_lag} needs rollout.vllm_sleep false: the "
+                f"engine samples the next batch while the update runs, so it cannot sleep "
+                f"through it"
             )
 
     def trackers(self) -> tuple[str, ...]:

@@ -24,8 +24,8 @@ import numpy as np
 from mcgpo.grouping import trajectory_view
 from mcgpo.rollout.group_rollout import collect
 from mcgpo.steps import StepTable
+from mcgpo.training.atomic_files import atomic_write_text
 from mcgpo.training.build import collect_options
-from mcgpo.training.checkpoint import atomic_write_text
 from mcgpo.training.config import RunConfig
 from mcgpo.training.distributed import (
     SINGLE,
@@ -38,6 +38,7 @@ from mcgpo.training.distributed import (
 from mcgpo.training.env_pools import RunPools
 from mcgpo.training.metrics import ProgressBar, Table
 from mcgpo.training.setup import RunSetup, prepare
+from mcgpo.training.start_lines import eval_start_line
 
 __all__ = ["episode_summary", "evaluate", "run_eval"]
 
@@ -142,13 +143,7 @@ def run_eval(cfg: RunConfig, command: str = "") -> Table:
     with joined_world(cfg, kind="eval") as (cfg, world):
         setup = prepare(cfg, command, kind="eval", world=world)
         if world.main:  # checked and loaded: say what comes
-            print(
-                f"[eval] {cfg.model} on {cfg.env.name}: {cfg.eval.tasks} held-out tasks of "
-                f"{cfg.eval.split} at T={cfg.eval.temperature}, {cfg.device}; eval.json -> "
-                f"{cfg.out}",
-                file=sys.stderr,
-                flush=True,
-            )
+            print(eval_start_line(cfg), file=sys.stderr, flush=True)
         stats = evaluate(setup, world, show=cfg.progress and world.main)
         if world.main and stats.get("eval/errored"):
             print(

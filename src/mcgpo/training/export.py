@@ -20,6 +20,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from mcgpo.model_names import is_adapter_folder
+
 __all__ = ["main"]
 
 
@@ -44,9 +46,6 @@ def main(argv: Sequence[str]) -> int:
 
 def export_merged(run: Path, out: Path | None = None) -> Path:
     """Merge the adapters of ``run`` into a plain model folder; returns it (module doc)."""
-    from mcgpo.policy import load_policy, save_policy
-    from mcgpo.policy.lora import is_adapter_folder
-
     adapters = run / "model" if is_adapter_folder(run / "model") else run
     if not is_adapter_folder(adapters):
         raise ValueError(
@@ -57,6 +56,8 @@ def export_merged(run: Path, out: Path | None = None) -> Path:
     target = out or adapters.parent / "merged"
     if target.exists():
         raise ValueError(f"--out {str(target)!r} exists; remove it or name another folder")
+    from mcgpo.policy import load_policy, save_policy  # checked: now load (torch)
+
     model, tokenizer = load_policy(adapters)  # PolicyLoadError (a ValueError): one line
     tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
     if tmp.exists():

@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from mcgpo.training.checkpoint import atomic_write_text
+from mcgpo.training.atomic_files import atomic_write_text
 
 __all__ = ["MetricSinks", "PeakMemory", "ProgressBar", "Table", "read_metrics", "run_stages"]
 

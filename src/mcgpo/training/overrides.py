@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from mcgpo.options import did_you_mean
-from mcgpo.training.checkpoint import latest_checkpoint
+from mcgpo.training.checkpoint_folders import latest_checkpoint
 from mcgpo.training.config import ConfigError, RunConfig
 from mcgpo.training.config_layout import SECTIONS, coerce, flatten, from_dict, scalar_fields
 from mcgpo.training.presets import load_preset

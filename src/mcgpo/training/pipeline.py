@@ -16,8 +16,8 @@ batch's seed and tasks are those of the sequential trainer for batch v
 Schedule. ``θ_s(v)`` exists after update ``s(v)``; so batches ``1 .. k + 1`` (all from θ_0)
 are asked for at the start, and batch ``u + 1 + k`` right after update ``u``, with a snapshot
 of θ_u (a copy of the state dict, taken before update u + 1 changes the weights). One
-producer thread samples the batches in order on a replica of the policy (its own copy: the
-update waits only for the batch it learns from, the producer only for the weights it samples
+producer thread samples the batches in order on a replica of the policy (its own copy; or
+on the run's engine, below: the update waits only for the batch it learns from, the producer only for the weights it samples
 with, ``time/wait_rollout`` and ``time/wait_update``); at most
 k + 1 batches are asked for and not yet learned from, and at most k snapshots wait. Any k is
 exact; each extra step of lag holds one more snapshot of the weights and one more batch.
@@ -34,10 +34,23 @@ if never stopped. After the last update no batch is asked for, but the ones aske
 (up to U + k) are finished and kept in the final checkpoint, so that a resume with more
 ``train.updates`` continues exactly.
 
+On the engine (``rollout.engine vllm``). The producer samples with the run's engine, no
+replica: :meth:`RolloutPipeline.publish` takes the snapshot of θ_u that the engine takes
+(:func:`mcgpo.rollout.engine_weights.weight_snapshot`; under FSDP2 sharded in place a gather,
+in the learner's thread on every rank), and the producer loads it
+(``VLLMEngine.update_weights_from``) before the first batch that needs it, unless the
+engine serves that version already (:class:`ServedWeights`); a batch holds the engine from
+its load to its last decode, so no generate call spans a weight swap. The loop does not
+sync the engine after an update then. The engine cannot sleep through the update
+(``rollout.vllm_sleep`` is refused with k >= 1): it samples the next batch meanwhile.
+
 Evaluation runs on θ_u in the learner's thread, beside the producer: the environments of
 both are open at once (a served environment needs sessions for G·N rollouts plus the
-evaluation's). A producer failure ends the run with one line
-(:class:`RolloutProducerError`) at the learner's next wait, never a hang.
+evaluation's). Where it samples on the engine (a policy sharded in place), the learner
+borrows the engine between two batches (:meth:`RolloutPipeline.lend_engine`), loads θ_u
+and evaluates; the producer loads its own version again before its next batch. A producer
+failure ends the run with one line (:class:`RolloutProducerError`) at the learner's next
+wait, never a hang; the run stops the producer before it closes the engine.
 """
 
 from __future__ import annotations
@@ -67,6 +80,7 @@ __all__ = [
     "RolloutProducerError",
     "batch_version",
     "collect_batch",
+    "evaluates_on_engine",
     "start_pipeline",
 ]
 
@@ -119,6 +133,15 @@ def collect_batch(
     return rollout, stats | decode_compile_stats()  # compiled static sampler: its graphs
 
 
+def evaluates_on_engine(run: Any) -> bool:
+    """Whether the run's evaluation samples on its rollout engine: where the policy is
+    sharded in place (FSDP2 without a replica), which cannot generate; otherwise mcgpo's
+    sampler plays the policy itself in the learner's thread."""
+    from mcgpo.policy.loading import holds_shards
+
+    return run.engine is not None and holds_shards(run.model)
+
+
 def start_pipeline(run: Any) -> RolloutPipeline | None:
     """The producer of a run with ``train.async_lag`` >= 1 (None at 0: the loop collects
     itself), holding the batches ``run.pending`` restored from the checkpoint."""
@@ -137,9 +160,12 @@ class RolloutPipeline:
     def __init__(self, run: Any, pending: list[Batch]) -> None:
         self.lag: int = run.cfg.train.async_lag
         self._run = run
+        # rollout.engine vllm: the run's engine samples (ServedWeights: which θ it serves)
+        self._engine = None if run.engine is None else ServedWeights(run)
         # a plain copy: freezing its parameters would change the kernels some layers pick
         # (the sampler's log-probs then differ from the sequential run's in the last bit)
-        self._replica = copy.deepcopy(run.model)
+        self._replica = copy.deepcopy(run.model) if run.engine is None else None
+        self._stop = threading.Event()
         # a fast tokenizer used from two threads at once can fail ("Already borrowed")
         self._tokenizer = copy.deepcopy(run.tokenizer)
         self._requests: queue.Queue[tuple[int, dict | None, int] | None] = queue.Queue()
@@ -187,7 +213,10 @@ class RolloutPipeline:
         run = self._run
         if run.updates_done >= run.cfg.train.updates:
             return
-        snapshot = {k: t.detach().clone() for k, t in run.model.state_dict().items()}
+        if self._engine is not None:  # the weights the engine takes (sharded: gathered)
+            snapshot = self._engine.snapshot()
+        else:
+            snapshot = {k: t.detach().clone() for k, t in run.model.state_dict().items()}
         device = torch.device(run.cfg.device)
         if device.type == "cuda":  # the copies are done before the producer reads them
             torch.cuda.current_stream(device).synchronize()
@@ -202,9 +231,19 @@ class RolloutPipeline:
         ranks = gather_objects(mine, self._run.world)
         return lambda folder: write_pending(folder, self.lag, ranks)
 
+    def lend_engine(self) -> contextlib.AbstractContextManager[Any]:
+        """The run's engine serving θ_u (u = ``run.updates_done``), for the learner's
+        evaluation: taken between two of the producer's batches and held until the
+        context ends; the producer loads the weights of its next batch again after it. A
+        sharded policy's weights are gathered first: a collective, every rank calls it."""
+        if self._engine is None:
+            raise RuntimeError("the rollout producer samples from its own replica, not an engine")
+        return self._engine.lent()
+
     def close(self) -> None:
         """Stop the producer after the batch it is sampling (a failed run does not wait for
-        more than that)."""
+        more than that), before the run closes its engine."""
+        self._stop.set()
         self._requests.put(None)
         self._thread.join(timeout=600)
 
@@ -231,8 +270,10 @@ class RolloutPipeline:
     def _produce(self, threads: int) -> None:
         torch.set_num_threads(threads)
         device = torch.device(self._run.cfg.device)
-        # on a GPU the producer's kernels go to a stream of their own, beside the update's
-        stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        # on a GPU the replica's kernels go to a stream of their own, beside the update's
+        # (an engine schedules its own)
+        own = device.type == "cuda" and self._engine is None
+        stream = torch.cuda.Stream(device) if own else None
         with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
             self._serve_requests(stream)
 
@@ -242,18 +283,24 @@ class RolloutPipeline:
             clock = time.perf_counter()
             request = self._requests.get()
             waited = time.perf_counter() - clock
-            if request is None:
+            if request is None or self._stop.is_set():
                 return
             number, snapshot, cursor = request
             try:
                 if snapshot is not None:
-                    self._replica.load_state_dict(snapshot)
-                    if stream is not None:  # read before the snapshot's memory is freed
-                        stream.synchronize()
                     version = batch_version(number, self.lag)
-                rollout, stats = collect_batch(
-                    self._run, self._replica, number, cursor, tokenizer=self._tokenizer
-                )
+                if self._engine is not None:  # loaded between batches, never during one
+                    rollout, stats = self._engine.collect(
+                        number, cursor, version, snapshot, self._tokenizer
+                    )
+                else:
+                    if snapshot is not None:
+                        self._replica.load_state_dict(snapshot)
+                        if stream is not None:  # read before the snapshot's memory is freed
+                            stream.synchronize()
+                    rollout, stats = collect_batch(
+                        self._run, self._replica, number, cursor, tokenizer=self._tokenizer
+                    )
             except BaseException as err:  # reaches the learner at its next wait
                 reason = str(err).strip().splitlines()
                 with self._changed:
@@ -264,7 +311,80 @@ class RolloutPipeline:
                     self._cause = err
                     self._changed.notify_all()
                 return
+            request = snapshot = None  # loaded: not held while waiting for the next request
             stats["time/wait_update"] = waited
             with self._changed:
                 self._done[number] = Batch(number, version, rollout, stats)
                 self._changed.notify_all()
+
+
+class ServedWeights:
+    """The run's rollout engine as the producer's sampler (``rollout.engine vllm``): which
+    θ it serves, and a lock that a batch holds from its weight load to its last decode.
+
+    The producer loads the snapshot of θ_s(v) (:meth:`RolloutPipeline.publish`, taken in
+    the learner's thread after update s(v)) before batch v, unless the engine serves it
+    already; a batch never spans a weight swap. The learner borrows the engine for its
+    evaluation between two batches (:meth:`lent`), loading θ_u; the producer then loads
+    its own version again before its next batch, so it keeps the snapshot it serves
+    (only where the learner borrows: evaluation on a policy sharded in place).
+    """
+
+    def __init__(self, run: Any) -> None:
+        self._run = run
+        self.engine = run.engine
+        self.serves = run.updates_done  # the engine starts from the run's weights
+        self._lock = threading.Lock()
+        self._lends = bool(run.cfg.eval.tasks) and evaluates_on_engine(run)
+        self._published: tuple[int, dict] | None = None  # θ_u's snapshot, for lent()
+        # where evaluation borrows the engine, the producer may have to load θ_0 (or the
+        # resumed θ_u) again: a copy of it (a collective under FSDP2; the learner's thread)
+        self._held = self.snapshot_now() if self._lends else None
+
+    def snapshot_now(self) -> dict:
+        from mcgpo.rollout.engine_weights import weight_snapshot
+
+        return weight_snapshot(self._run.model)
+
+    def snapshot(self) -> dict:
+        """θ_u's snapshot (u = run.updates_done) for the producer; kept for evaluation's
+        load after the same update where the learner borrows the engine."""
+        weights = self.snapshot_now()
+        if self._lends:
+            self._published = (self._run.updates_done, weights)
+        return weights
+
+    def collect(
+        self, number: int, cursor: int, version: int, snapshot: dict | None, tokenizer: Any
+    ) -> tuple[Rollout, dict]:
+        """Batch ``number`` sampled by the engine serving θ_version (``snapshot``: its
+        weights, new with this batch; None: the version of the batch before)."""
+        if snapshot is not None:
+            self._held = snapshot
+        with self._lock:
+            synced = self._serve(version, self._held)
+            rollout, stats = collect_batch(
+                self._run, self._run.model, number, cursor, tokenizer=tokenizer
+            )
+        if not self._lends:  # nobody else loads the engine: it keeps serving version
+            self._held = None
+        stats["time/weight_sync"] = synced
+        return rollout, stats
+
+    @contextlib.contextmanager
+    def lent(self) -> Any:
+        u = self._run.updates_done
+        published, self._published = self._published, None
+        weights = published[1] if published and published[0] == u else self.snapshot_now()
+        with self._lock:
+            self._serve(u, weights)
+            yield self.engine
+
+    def _serve(self, version: int, weights: dict | None) -> float:
+        if self.serves == version:
+            return 0.0
+        if weights is None:  # never: the producer holds what it last loaded
+            raise RuntimeError(f"the engine serves θ_{self.serves}; θ_{version} is not held")
+        seconds = self.engine.update_weights_from(weights)
+        self.serves = version
+        return seconds

@@ -21,7 +21,8 @@ import tomli_w
 
 from mcgpo.options import parse_scalar
 from mcgpo.training.algorithms import ALGORITHMS
-from mcgpo.training.checkpoint import atomic_write_text, latest_checkpoint
+from mcgpo.training.atomic_files import atomic_write_text
+from mcgpo.training.checkpoint_folders import latest_checkpoint
 from mcgpo.training.config import ConfigError, RunConfig
 from mcgpo.training.config_layout import flatten, from_dict
 from mcgpo.training.presets import comment_text, load_preset, parse_toml, to_toml

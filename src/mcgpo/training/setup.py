@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from mcgpo.policy.dropout import base_dropout_off
 from mcgpo.policy.lora import AdaptersOff
 from mcgpo.training.build import (
     build_optimizer,
@@ -182,6 +183,14 @@ def setup_run(cfg: RunConfig, command: str = "", world: World = SINGLE) -> Run:
         lora_model = model if lora else None  # LoRA: the checkpoint holds the adapters only
         state, model, pending, notes = _usable_checkpoint(cfg, setup.folder, world, lora_model)
         updates_done, cursor = state.update, state.task_cursor
+    dropout = base_dropout_off(model)  # ratios compare whole networks (policy/dropout.py)
+    if dropout and world.main:
+        notes.append(
+            f"the policy's dropout is off for training ({len(dropout)} "
+            f"rate{'s' if len(dropout) > 1 else ''} up to {max(dropout.values()):g} set to "
+            "0: PPO ratios and pi_old compare the whole "
+            "network, as the sampler plays it; docs/reference/update.md)"
+        )
     if cfg.train.gradient_checkpointing:
         model.gradient_checkpointing_enable()
         model.config.use_cache = False  # the sampler passes its own cache explicitly

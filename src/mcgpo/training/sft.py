@@ -40,14 +40,15 @@ import numpy as np
 import torch
 
 from mcgpo.rollout.tokens import TokenBatch
+from mcgpo.training.atomic_files import atomic_write_text
 from mcgpo.training.build import build_optimizer
-from mcgpo.training.checkpoint import atomic_write_text
 from mcgpo.training.config import RunConfig
 from mcgpo.training.distributed import SINGLE, World, all_sum, joined_world
 from mcgpo.training.evaluate import evaluate
 from mcgpo.training.layout import owners
 from mcgpo.training.metrics import MetricSinks, ProgressBar, SilentSinks, Table
 from mcgpo.training.setup import prepare
+from mcgpo.training.start_lines import sft_start_line
 from mcgpo.training.update import clip_gradients
 
 __all__ = [
@@ -169,13 +170,7 @@ def _run_sft(cfg: RunConfig, command: str, world: World) -> Table:
         return stats
 
     if world.main:  # checked and loaded: say what comes
-        print(
-            f"[sft] warm start of {cfg.model} on {cfg.env.name}: {cfg.sft.demos} expert "
-            f"episodes, {cfg.sft.epochs} epochs, eval on {cfg.eval.tasks} held-out tasks before "
-            f"and after; run folder {folder}",
-            file=sys.stderr,
-            flush=True,
-        )
+        print(sft_start_line(cfg), file=sys.stderr, flush=True)
     before = evaluate_now(0)
     clock = time.perf_counter()
     demos = expert_demonstrations(setup.make_env, setup.tokenizer, cfg, setup.response_format)

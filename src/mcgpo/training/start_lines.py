@@ -1,11 +1,18 @@
-"""What a run says on stderr before its first long step: the run in one line, and a word when
-a CPU is about to run a recipe sized for GPUs. The loop prints them; nothing here prints."""
+"""What a run says on stderr before its first long step: the run in one line (``mcgpo train``,
+``sft`` and ``eval`` alike: what runs, on what, how big, where it writes), and a word when a
+CPU is about to run a recipe sized for GPUs. The commands print them; nothing here prints."""
 
 from __future__ import annotations
 
 from mcgpo.training.config import RunConfig
 
-__all__ = ["CPU_EPISODES", "cpu_size_note", "train_start_line"]
+__all__ = [
+    "CPU_EPISODES",
+    "cpu_size_note",
+    "eval_start_line",
+    "sft_start_line",
+    "train_start_line",
+]
 
 # Training episodes above which a run on the CPU gets a note: household-quick's 12 updates of
 # 16 x 8 (1,536 episodes, minutes with the tiny model) stay under it; the defaults' 150
@@ -23,6 +30,23 @@ def train_start_line(cfg: RunConfig, updates_done: int = 0) -> str:
         f"[train] {cfg.algo.name} on {cfg.env.name}: {start} of {cfg.rollout.groups}x"
         f"{cfg.rollout.group_size} rollouts, {evaluation}; model {cfg.model} on {cfg.device}; "
         f"run folder {cfg.out}"
+    )
+
+
+def sft_start_line(cfg: RunConfig) -> str:
+    """``[sft] warm start of tiny on household: 400 expert episodes, 2 epochs, ...``."""
+    return (
+        f"[sft] warm start of {cfg.model} on {cfg.env.name}: {cfg.sft.demos} expert "
+        f"episodes, {cfg.sft.epochs} epochs, eval on {cfg.eval.tasks} held-out tasks before "
+        f"and after; run folder {cfg.out}"
+    )
+
+
+def eval_start_line(cfg: RunConfig) -> str:
+    """``[eval] runs/hq/model on household: 64 held-out tasks of valid_seen at T=0.4, ...``."""
+    return (
+        f"[eval] {cfg.model} on {cfg.env.name}: {cfg.eval.tasks} held-out tasks of "
+        f"{cfg.eval.split} at T={cfg.eval.temperature}, {cfg.device}; eval.json -> {cfg.out}"
     )
 
 

@@ -39,7 +39,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from mcgpo.training.checkpoint import atomic_write_text
+from mcgpo.training.atomic_files import atomic_write_text
 from mcgpo.training.config import TRACKERS, ConfigError
 
 __all__ = ["TRACKERS", "Tracker", "check_trackers_installed", "open_trackers"]

@@ -7,6 +7,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mcgpo.training.config_fields import ConfigError, at_least, choice, option, positive
+from mcgpo.update_choices import (
+    COMPILE_SETTINGS,
+    KL_KINDS,
+    PRECISIONS,
+    ROLLOUT_CORRECTION_LEVELS,
+    ROLLOUT_CORRECTIONS,
+)
 
 __all__ = ["FSDP_REPLICAS", "OLD_LOGPROBS", "SHARDINGS", "TrainConfig"]
 
@@ -125,8 +132,6 @@ class TrainConfig:
         positive("train.clip", self.clip)
         if self.dual_clip != 0 and not self.dual_clip > 1:
             raise ConfigError(f"train.dual_clip must be 0 (off) or > 1, got {self.dual_clip}")
-        from mcgpo.objectives import KL_KINDS  # defined beside the estimators (imports torch)
-
         choice("train.kl_kind", self.kl_kind, KL_KINDS)
         at_least("train.ppo_epochs", self.ppo_epochs, 1)
         at_least("train.mini_batch_size", self.mini_batch_size, 0)
@@ -135,15 +140,9 @@ class TrainConfig:
         at_least("train.save_every", self.save_every, 0)
         choice("train.sharding", self.sharding, SHARDINGS)
         choice("train.fsdp_replica", self.fsdp_replica, FSDP_REPLICAS)
-        from mcgpo.policy.precision import PRECISIONS  # beside autocast (imports torch)
-
         choice("train.precision", self.precision, PRECISIONS)
         choice("train.old_logprobs", self.old_logprobs, OLD_LOGPROBS)
-        from mcgpo.policy.compile import COMPILE_SETTINGS  # beside torch.compile (imports torch)
-
         choice("train.compile", self.compile, COMPILE_SETTINGS)
-        from mcgpo.objectives import ROLLOUT_CORRECTION_LEVELS, ROLLOUT_CORRECTIONS
-
         choice("train.rollout_correction", self.rollout_correction, ("auto", *ROLLOUT_CORRECTIONS))
         choice(
             "train.rollout_correction_level",

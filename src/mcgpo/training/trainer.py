@@ -10,7 +10,8 @@ One update (reference/algorithms.md 1.4):
 
 1. collect ``G x N`` rollouts on the next ``G`` training tasks (task cursor), sampling at
    ``rollout.temperature`` with the sampler's log-probs kept as pi_old (``rollout.engine``
-   vllm: a colocated vLLM engine samples, and gets the new weights after step 3);
+   vllm: a colocated vLLM engine samples, and gets the new weights after step 3; with
+   ``train.async_lag`` >= 1 the rollout producer loads them, between its batches);
 2. drop the trajectories that hit an environment error (kept in the logs and the saved
    rollouts, excluded from learning), then advantages and, for MCGPO, preference pairs; an
    update whose every trajectory errored is a warning line naming the first error, and
@@ -28,6 +29,7 @@ episodes, and saving first gathers the weights to rank 0 (a collective of every 
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from typing import Any
@@ -35,7 +37,6 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from mcgpo.policy.loading import holds_shards
 from mcgpo.rollout.group_rollout import Rollout
 from mcgpo.training.algorithms import Credit, assign_credit
 from mcgpo.training.checkpoint import save_checkpoint
@@ -51,7 +52,7 @@ from mcgpo.training.distributed import (
 )
 from mcgpo.training.evaluate import evaluate
 from mcgpo.training.metrics import ProgressBar, Table, read_metrics
-from mcgpo.training.pipeline import collect_batch, start_pipeline
+from mcgpo.training.pipeline import collect_batch, evaluates_on_engine, start_pipeline
 from mcgpo.training.setup import Run, setup_run
 from mcgpo.training.start_lines import cpu_size_note, train_start_line
 from mcgpo.training.update import PairBatch, update_policy
@@ -145,7 +146,8 @@ def _train(run: Run) -> Table:
         if run.rollouts is not None:  # the producer may sample with theta_update from now on
             run.rollouts.publish()
         times = {"time/rollout": t_rollout, "time/credit": t_credit, "time/update": t_update}
-        if run.engine is not None:  # the engine serves the new weights from the next rollout
+        if run.engine is not None and run.rollouts is None:  # the engine serves the new
+            # weights from the next rollout (train.async_lag >= 1: the producer loads them)
             times["time/weight_sync"] = run.engine.update_weights(run.model)
 
         # 4. Log.
@@ -262,9 +264,12 @@ def _evaluate(run: Run) -> dict[str, float]:
         return {}
     clock = time.perf_counter()
     # a policy sharded in place cannot generate: the engine, which holds its weights, plays
-    engine = run.engine if holds_shards(run.model) else None
+    engine = run.engine if evaluates_on_engine(run) else None
+    # train.async_lag >= 1: the producer samples with the engine; borrowed, serving θ_u
+    lent = engine is not None and run.rollouts is not None
     show = run.cfg.progress and run.world.main
-    stats = evaluate(run, run.world, engine=engine, show=show, pools=run.env_pools)
+    with run.rollouts.lend_engine() if lent else contextlib.nullcontext(engine) as engine:
+        stats = evaluate(run, run.world, engine=engine, show=show, pools=run.env_pools)
     if stats.get("eval/errored"):
         _warn(
             run,

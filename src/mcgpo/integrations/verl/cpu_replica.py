@@ -44,7 +44,7 @@ from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica, TokenOutput
 
 from mcgpo.rollout.sampler import sample
-from mcgpo.training.checkpoint import atomic_write_text
+from mcgpo.training.atomic_files import atomic_write_text
 
 __all__ = [
     "ROLLOUT_NAME",

@@ -1,0 +1,75 @@
+"""What ``mcgpo sft | train | eval`` checks between reading its command line and starting the
+run (:func:`preflight`), before torch or transformers is imported, so that each mistake is one
+line in a fraction of a second:
+
+* the environment's name (its options are checked by building one as the run starts), the
+  model folder (a hub id gets the command that downloads it) and, for ``--device cuda``,
+  CUDA;
+* ``train``: the algorithm's options and the run folder (a fresh run needs one without a run,
+  ``--resume`` its checkpoint and settings), as :func:`mcgpo.training.setup.prepare` checks
+  them again;
+* ``eval`` of a run trained on a GPU, here without CUDA: the device came from the run's
+  config.toml, not from ``--device``, so the evaluation runs on the CPU, with a note.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from pathlib import Path
+
+from mcgpo.envs import env_named
+from mcgpo.model_names import hub_id_hint
+from mcgpo.training.algorithms import resolve_algo
+from mcgpo.training.config import ConfigError, RunConfig
+from mcgpo.training.overrides import eval_run_folder, parse_flags
+from mcgpo.training.run_folder import check_run_folder
+
+__all__ = ["check_environment", "preflight"]
+
+
+def preflight(command: str, cfg: RunConfig, argv: Sequence[str]) -> tuple[RunConfig, str | None]:
+    """The config ``mcgpo <command> <argv>`` runs with (``cfg``: as resolved from them) and a
+    note for the console, or None; a mistake is a one-line ConfigError."""
+    cfg, note = _device_here(command, cfg, argv)
+    check_environment(cfg)
+    if command == "train":
+        algo = resolve_algo(cfg.algo, cfg.rollout.group_size)
+        check_run_folder(dataclasses.replace(cfg, algo=algo))
+    return cfg, note
+
+
+def check_environment(cfg: RunConfig) -> None:
+    """Things a config cannot know by itself: the environment, the model folder and the
+    device exist (the environment's options are checked by building one, as the run starts)."""
+    try:
+        env_named(cfg.env.name)
+    except ValueError as err:  # as training.environments.env_factory words it
+        raise ConfigError(f"env {cfg.env.name!r}: {err}") from None
+    if cfg.model != "tiny" and not Path(cfg.model).is_dir():
+        hint = hub_id_hint(cfg.model) or " (give a folder or 'tiny')"
+        raise ConfigError(f"model folder {cfg.model!r} not found{hint}")
+    if cfg.device.startswith("cuda"):
+        import torch  # only for a CUDA device: the run that follows needs it anyway
+
+        if not torch.cuda.is_available():
+            raise ConfigError(f"--device {cfg.device}: CUDA is not available on this machine")
+
+
+def _device_here(command: str, cfg: RunConfig, argv: Sequence[str]) -> tuple[RunConfig, str | None]:
+    """``eval`` of a run trained on CUDA, on a machine without it: the CPU and a note, unless
+    ``--device`` was given (then :func:`check_environment` says CUDA is missing)."""
+    if command != "eval" or not cfg.device.startswith("cuda"):
+        return cfg, None
+    flags = parse_flags(command, argv)
+    if "device" in flags.values or eval_run_folder(flags) is None:
+        return cfg, None
+    import torch
+
+    if torch.cuda.is_available():
+        return cfg, None
+    note = (
+        f"the run trained on {cfg.device}, and CUDA is not available on this machine: "
+        "evaluating on the CPU (--device cpu)"
+    )
+    return dataclasses.replace(cfg, device="cpu"), note

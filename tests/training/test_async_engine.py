@@ -230,10 +230,10 @@ def test_evaluation_borrows_the_engine_between_batches(smoke_args, tmp_path, eng
         finally:
             hook.remove()
 
-    def watched_eval(run, world, *, engine=None, show=False):
+    def watched_eval(run, world, *, engine=None, show=False, pools=None):
         assert engine is engines[0]
         evaluated_on[run.updates_done] = _fingerprint(engine.model)
-        out = real_eval(run, world, engine=engine, show=show)
+        out = real_eval(run, world, engine=engine, show=show, pools=pools)
         if run.updates_done == 1:
             first_eval.set()
         return out

@@ -12,7 +12,8 @@ while other pieces decode, and the decoder takes the pieces in the order their s
 finish. A piece's turn is one sampler call holding exactly that piece's live rows, so the
 company a row is decoded in never depends on the timing (the log-probs are the same, bit
 for bit, run after run); each environment still sees the same prompts and draws from its
-own generator, so the rollout is the sequential one, token for token (tested). What it
+own generator, so the rollout is the sequential one, token for token, but for rare near
+ties where the other company's float rounding moves a draw (tested). What it
 saves depends on how decoding and stepping cost scale with the number of rows
 (docs/async.md works it out; ``benchmarks/bench_async.py`` measures).
 

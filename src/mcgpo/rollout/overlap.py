@@ -5,7 +5,8 @@ step (in a thread) while other pieces decode; the decoder takes the pieces in th
 their steps finish. A piece's turn is one sampler call holding exactly that piece's live
 rows, so the company a row is decoded in, and with it the last bits of its log-probs, never
 depends on the timing. Each environment's turn reads only its own observation, history and
-generator, so the rollout is the sequential one, token for token (tests/rollout/
+generator, so the rollout is the sequential one, token for token, but for rare near ties
+(the other company's rounding moves a draw to the neighbouring token; tests/rollout/
 test_rollout_overlap.py); docs/async.md says what it saves and where.
 """
 

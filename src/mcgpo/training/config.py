@@ -137,8 +137,8 @@ class RolloutConfig:
     overlap_env: bool = option(
         False,
         "environment steps overlapped with decoding: rollout.overlap_pieces pieces of the "
-        "rollouts, some step while others decode (the same tokens and episodes, faster "
-        "where environments are slow; docs/async.md)",
+        "rollouts, some step while others decode (the same tokens and episodes but for "
+        "rare float near ties, faster where environments are slow; docs/async.md)",
     )
     overlap_pieces: int = option(
         2, "rollout.overlap_env: fixed pieces the rollouts are cut into (>= 2; docs/async.md)"

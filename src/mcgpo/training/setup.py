@@ -183,14 +183,7 @@ def setup_run(cfg: RunConfig, command: str = "", world: World = SINGLE) -> Run:
         lora_model = model if lora else None  # LoRA: the checkpoint holds the adapters only
         state, model, pending, notes = _usable_checkpoint(cfg, setup.folder, world, lora_model)
         updates_done, cursor = state.update, state.task_cursor
-    dropout = base_dropout_off(model)  # ratios compare whole networks (policy/dropout.py)
-    if dropout and world.main:
-        notes.append(
-            f"the policy's dropout is off for training ({len(dropout)} "
-            f"rate{'s' if len(dropout) > 1 else ''} up to {max(dropout.values()):g} set to "
-            "0: PPO ratios and pi_old compare the whole "
-            "network, as the sampler plays it; docs/reference/update.md)"
-        )
+    notes += _dropout_off(model)  # ratios compare whole networks (policy/dropout.py)
     if cfg.train.gradient_checkpointing:
         model.gradient_checkpointing_enable()
         model.config.use_cache = False  # the sampler passes its own cache explicitly
@@ -234,6 +227,19 @@ def setup_run(cfg: RunConfig, command: str = "", world: World = SINGLE) -> Run:
         notes=tuple(notes),
         pending=pending,
     )
+
+
+def _dropout_off(model: Any) -> list[str]:
+    """The policy's dropout off for training; a note saying so when it had any."""
+    dropout = base_dropout_off(model)
+    if not dropout:
+        return []
+    rates = f"{len(dropout)} rate{'s' if len(dropout) > 1 else ''}"
+    return [
+        f"the policy's dropout is off for training ({rates} up to {max(dropout.values()):g} "
+        "set to 0: PPO ratios and pi_old compare the whole network, as the sampler plays "
+        "it; docs/reference/update.md)"
+    ]
 
 
 def _resolve_auto(cfg: RunConfig) -> RunConfig:

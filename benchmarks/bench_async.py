@@ -34,7 +34,7 @@ Then a short model of a GPU where rollout >> update (no measurement: the formula
 stated costs).
 
 Run:  nice python benchmarks/bench_async.py [--updates 3] [--repeats 3] [--pieces 2 4]
-      [--cells smoke latency:20 slots:20 alfworld] [--slots 2]
+      [--cells smoke latency:20 slots:20 alfworld] [--slots 2] [--groups 2] [--lags 0 1]
 """
 
 from __future__ import annotations
@@ -136,7 +136,7 @@ def spread(runs: list[dict[str, float]], key: str) -> str:
 
 def table(name: str, rows: dict[tuple[int, int], list[dict[str, float]]]) -> None:
     """One cell: (k, P) -> the repeats' measurements; P = 0 is the sequential rollout."""
-    base = median(rows[(0, 0)], "period")
+    base = median(rows[(min(k for k, _ in rows), 0)], "period")  # the smallest k's
     print(f"\n### ({name}\n")
     print(
         "| k | env steps | s / update | vs k=0 seq. | rollout s | decode s | env s | chain s "
@@ -194,12 +194,16 @@ def main() -> None:
     parser.add_argument("--pieces", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--slots", type=int, default=2, help="(b2): steps at a time")
     parser.add_argument("--cells", nargs="+", default=["smoke", "latency:20", "slots:20"])
+    parser.add_argument(
+        "--groups", type=int, default=2, help="tasks per update (x 4 siblings = the rows)"
+    )
+    parser.add_argument("--lags", type=int, nargs="+", default=[0, 1], help="the k to run")
     args = parser.parse_args()
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # "Writing model shards" bars
     ENVIRONMENTS["household-delayed"] = _delayed
-    configs = [(k, pieces) for k in (0, 1) for pieces in (0, *args.pieces)]
+    configs = [(k, pieces) for k in args.lags for pieces in (0, *args.pieces)]
     with tempfile.TemporaryDirectory() as tmp:
         model = policy(Path(tmp) / "policy")
         print(
@@ -233,9 +237,12 @@ def main() -> None:
                         "--train.async_lag": str(k),
                         "--rollout.overlap_env": str(bool(pieces)).lower(),
                         "--rollout.overlap_pieces": str(max(pieces, 2)),
+                        "--rollout.groups": str(args.groups),
                     }  # fmt: skip
                     rows[(k, pieces)].append(one_run([*sum(flags.items(), ()), *env]))
-            table(CELL_NAMES[kind].format(ms=ms, slots=args.slots), rows)
+            name = CELL_NAMES[kind].format(ms=ms, slots=args.slots)
+            rows_note = f", {args.groups} tasks x 4 siblings" if args.groups != 2 else ""
+            table(name + rows_note, rows)
     gpu_model()
 
 

@@ -34,7 +34,7 @@ Then a short model of a GPU where rollout >> update (no measurement: the formula
 stated costs).
 
 Run:  nice python benchmarks/bench_async.py [--updates 3] [--repeats 3] [--pieces 2 4]
-      [--cells smoke latency:20 slots:20 alfworld] [--slots 2] [--groups 2] [--lags 0 1]
+      [--cells smoke latency:20 slots:20 alfworld] [--slots 2] [--groups 2] [--turns 3] [--lags 0 1]
 """
 
 from __future__ import annotations
@@ -197,6 +197,7 @@ def main() -> None:
     parser.add_argument(
         "--groups", type=int, default=2, help="tasks per update (x 4 siblings = the rows)"
     )
+    parser.add_argument("--turns", type=int, default=3, help="turns per episode (env.max_turns)")
     parser.add_argument("--lags", type=int, nargs="+", default=[0, 1], help="the k to run")
     args = parser.parse_args()
     from transformers.utils import logging as hf_logging
@@ -238,10 +239,12 @@ def main() -> None:
                         "--rollout.overlap_env": str(bool(pieces)).lower(),
                         "--rollout.overlap_pieces": str(max(pieces, 2)),
                         "--rollout.groups": str(args.groups),
+                        "--env.max_turns": str(args.turns),
                     }  # fmt: skip
                     rows[(k, pieces)].append(one_run([*sum(flags.items(), ()), *env]))
             name = CELL_NAMES[kind].format(ms=ms, slots=args.slots)
             rows_note = f", {args.groups} tasks x 4 siblings" if args.groups != 2 else ""
+            rows_note += f", {args.turns} turns" if args.turns != 3 else ""
             table(name + rows_note, rows)
     gpu_model()
 

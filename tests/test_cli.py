@@ -79,6 +79,7 @@ def one_line_error(err: str) -> str:
         (["train", "stray"], "mcgpo train: error: unexpected argument 'stray'"),
         (["fly"], "mcgpo: error: unknown command 'fly' (choose from sft, train, eval, bench"),
         (["trian"], "mcgpo: error: unknown command 'trian' (did you mean 'train'?)"),
+        (["exprot"], "mcgpo: error: unknown command 'exprot' (did you mean 'export'?)"),
         (
             [],
             "mcgpo: error: choose a command: sft, train, eval, bench, ablate, sweep, presets, "

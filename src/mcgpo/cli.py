@@ -314,7 +314,7 @@ DELEGATED: dict[str, tuple[Any, str]] = {
 
 
 # Every command by name, in the order `mcgpo --help` lists them.
-NAMED = ("bench", "ablate", "sweep", "alfworld-generate", "env", "presets", "report")
+NAMED = ("bench", "ablate", "sweep", "alfworld-generate", "env", "export", "presets", "report")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

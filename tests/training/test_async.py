@@ -99,6 +99,11 @@ def test_lag_resolves_pi_old_and_the_correction():
             "train.async_lag 2 needs rollout.vllm_sleep false: the engine samples the next "
             "batch while the update runs, so it cannot sleep through it",
         ),
+        (
+            {"rollout": {"overlap_pieces": 4}},
+            "rollout.overlap_pieces 4 needs rollout.overlap_env true (the pieces are how "
+            "overlapped environment steps cut the rollouts)",
+        ),
     ],
 )
 def test_what_cannot_hold_is_refused_in_one_line(settings, message):

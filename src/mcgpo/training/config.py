@@ -149,6 +149,11 @@ class RolloutConfig:
             at_least(f"rollout.{name}", getattr(self, name), 1)
         at_least("rollout.history", self.history, 0)
         at_least("rollout.overlap_pieces", self.overlap_pieces, 2)
+        if self.overlap_pieces != 2 and not self.overlap_env:  # 2: the default, no choice made
+            raise ConfigError(
+                f"rollout.overlap_pieces {self.overlap_pieces} needs rollout.overlap_env true "
+                "(the pieces are how overlapped environment steps cut the rollouts)"
+            )
         if not self.temperature > 0:  # greedy siblings would all act alike: nothing to compare
             raise ConfigError(
                 f"rollout.temperature must be > 0 (at 0 the N siblings of a task act alike), "

@@ -57,10 +57,6 @@ class RunPools:
             raise ValueError(f"role must be one of {', '.join(ROLES)}; got {role!r}")
         if self._closed:
             raise RuntimeError("the run's environment pools are closed")
-        if getattr(make_env, "name", None) == "remote":
-            with open_pool(make_env, n_env, options) as pool:
-                yield pool
-            return
         shape = (n_env, options.workers, options.step_timeout)
         with self._lock:
             kept = self._pools.get(role)
@@ -69,11 +65,8 @@ class RunPools:
                 kept = None
             if kept is None:
                 pool = open_pool(make_env, n_env, options)
-                if _served(pool):
-                    kept = None
-                else:
-                    self._pools[role] = (shape, pool)
-                    kept = (shape, pool)
+                if not _served(pool):
+                    kept = self._pools[role] = (shape, pool)
         if kept is None:  # served: this rollout's sessions only
             with pool:
                 yield pool

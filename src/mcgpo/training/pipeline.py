@@ -17,8 +17,9 @@ Schedule. ``θ_s(v)`` exists after update ``s(v)``; so batches ``1 .. k + 1`` (a
 are asked for at the start, and batch ``u + 1 + k`` right after update ``u``, with a snapshot
 of θ_u (a copy of the state dict, taken before update u + 1 changes the weights). One
 producer thread samples the batches in order on a replica of the policy (its own copy; or
-on the run's engine, below: the update waits only for the batch it learns from, the producer only for the weights it samples
-with, ``time/wait_rollout`` and ``time/wait_update``); at most
+on the run's engine, below: the update waits only for the batch it learns from, the
+producer only for the weights it samples with, ``time/wait_rollout`` and
+``time/wait_update``); at most
 k + 1 batches are asked for and not yet learned from, and at most k snapshots wait. Any k is
 exact; each extra step of lag holds one more snapshot of the weights and one more batch.
 

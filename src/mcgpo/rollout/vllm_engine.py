@@ -349,8 +349,9 @@ class VLLMEngine:
             self._load_from_folder(write)
         if reprocess_tied_head and self.tied:
             self.llm.collective_rpc("mcgpo_reprocess_tied_head")
-        _free_cached_blocks(self.platform)
-        if self._sleeping:
+        if self._sleeping:  # awake, nothing waits for the memory: the producer of
+            # train.async_lag loads while the update allocates, never emptying its cache
+            _free_cached_blocks(self.platform)
             self.llm.wake_up(tags=["kv_cache"])
             self._sleeping = False
         if reset_prefix_cache:

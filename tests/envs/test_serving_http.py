@@ -197,8 +197,14 @@ def test_idle_sessions_are_closed():
 def test_the_remote_env_refuses_a_server_that_does_not_match(served):
     with pytest.raises(ValueError, match="serves 'household', not 'webshop'"):
         RemoteEnv(served, "webshop")
-    with pytest.raises(ValueError, match="option 'n_receptacles' is 9 here but '\\(default\\)'"):
+    with pytest.raises(ValueError, match="option 'n_receptacles' is 9 here but left at its defa"):
         RemoteEnv(served, "household", n_receptacles=9)
+    with pytest.raises(
+        ValueError, match=r"the server was started with \(`mcgpo env serve` runs no"
+    ):
+        RemoteEnv(served, "household", n_receptacles=9)
+    with pytest.raises(ValueError, match="remote_name must name the served environment"):
+        RemoteEnv(served)  # the name forgotten: one line, not a TypeError
     with pytest.raises(ValueError, match="url must start with http"):
         RemoteEnv("ftp://x", "household")
     env = RemoteEnv(served, "household")
@@ -208,6 +214,8 @@ def test_the_remote_env_refuses_a_server_that_does_not_match(served):
 
 def test_an_unreachable_server_is_one_line_at_construction():
     with pytest.raises(ValueError, match=r"remote env: http://127.0.0.1:9/v1/spec: ConnectError"):
+        RemoteEnv("http://127.0.0.1:9", "household", retries=0, connect_timeout=2.0)
+    with pytest.raises(ValueError, match=r"is `mcgpo env serve` running there\?\)$"):
         RemoteEnv("http://127.0.0.1:9", "household", retries=0, connect_timeout=2.0)
 
 

@@ -128,7 +128,7 @@ class RemoteEnv:
     def __init__(
         self,
         url: str,
-        remote_name: str,
+        remote_name: str | None = None,
         *,
         token_file: str | None = None,
         connect_timeout: float = 10.0,
@@ -138,7 +138,10 @@ class RemoteEnv:
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):
             raise ValueError(f"remote env: url must start with http:// or https://, got {url!r}")
         if not isinstance(remote_name, str) or not remote_name:
-            raise ValueError("remote env: remote_name must name the served environment")
+            raise ValueError(
+                "remote env: remote_name must name the served environment "
+                "(--env.remote_name NAME, e.g. webshop: what `mcgpo env serve --env` runs)"
+            )
         if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
             raise ValueError(f"remote env: retries must be an integer >= 0, got {retries!r}")
         self.url = url.rstrip("/")
@@ -213,7 +216,9 @@ class RemoteEnv:
                     break
                 except EnvServerLost as err:
                     if attempt == self.retries:
-                        raise ValueError(f"remote env: {err}") from None
+                        raise ValueError(
+                            f"remote env: {err} (is `mcgpo env serve` running there?)"
+                        ) from None
                     _backoff(attempt)
             spec = self._checked(response, refuse=ValueError)
             if spec.get("protocol") != PROTOCOL:
@@ -233,9 +238,12 @@ class RemoteEnv:
                 for k in set(served) | set(self.options)
                 if served.get(k, ...) != self.options.get(k, ...)
             )[0]
+            here = repr(self.options[first]) if first in self.options else "left at its default"
+            there = repr(served[first]) if first in served else "left at its default"
             raise ValueError(
-                f"remote env: option {first!r} is {self.options.get(first, '(default)')!r} "
-                f"here but {served.get(first, '(default)')!r} on {self.url}"
+                f"remote env: option {first!r} is {here} here but {there} on {self.url}: "
+                "the client asks for the options the server was started with "
+                f"(`mcgpo env serve` runs {dict(served) or 'no options'})"
             )
         return spec
 

@@ -2,9 +2,11 @@
 run (:func:`preflight`), before torch or transformers is imported, so that each mistake is one
 line in a fraction of a second:
 
-* the environment's name (its options are checked by building one as the run starts), the
-  model folder (a hub id gets the command that downloads it) and, for ``--device cuda``,
-  CUDA;
+* the environment, name and options: one is built (:func:`~mcgpo.training.environments.
+  env_factory`, as ``mcgpo bench`` checks its runs' and the run builds its own; the built-in
+  environments are free of torch), so that ``--env.max_turn 5`` is one line with the
+  closest option at once; the model folder (a hub id gets the command that downloads it)
+  and, for ``--device cuda``, CUDA;
 * ``train``: the algorithm's options and the run folder (a fresh run needs one without a run,
   ``--resume`` its checkpoint and settings), as :func:`mcgpo.training.setup.prepare` checks
   them again;
@@ -18,10 +20,10 @@ import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 
-from mcgpo.envs import env_named
 from mcgpo.model_names import hub_id_hint
 from mcgpo.training.algorithms import resolve_algo
 from mcgpo.training.config import ConfigError, RunConfig
+from mcgpo.training.environments import env_factory
 from mcgpo.training.overrides import eval_run_folder, parse_flags
 from mcgpo.training.run_folder import check_run_folder
 
@@ -40,12 +42,9 @@ def preflight(command: str, cfg: RunConfig, argv: Sequence[str]) -> tuple[RunCon
 
 
 def check_environment(cfg: RunConfig) -> None:
-    """Things a config cannot know by itself: the environment, the model folder and the
-    device exist (the environment's options are checked by building one, as the run starts)."""
-    try:
-        env_named(cfg.env.name)
-    except ValueError as err:  # as training.environments.env_factory words it
-        raise ConfigError(f"env {cfg.env.name!r}: {err}") from None
+    """Things a config cannot know by itself: the environment exists and takes its options
+    (one is built, as the run builds its own), the model folder and the device exist."""
+    env_factory(cfg)  # a bad name or option is one ConfigError line: "env 'household': ..."
     if cfg.model != "tiny" and not Path(cfg.model).is_dir():
         hint = hub_id_hint(cfg.model) or " (give a folder or 'tiny')"
         raise ConfigError(f"model folder {cfg.model!r} not found{hint}")

@@ -89,8 +89,9 @@ def env_named(name: str) -> Callable[..., Env]:
     try:
         return ENVIRONMENTS[name]
     except KeyError:
+        hint = closest(name, ENVIRONMENTS)
         raise ValueError(
-            f"unknown environment {name!r}{closest(name, ENVIRONMENTS)}; known: {', '.join(ENVIRONMENTS)} "
+            f"unknown environment {name!r}{hint}; known: {', '.join(ENVIRONMENTS)} "
             f"(or install a package with a {ENTRY_POINT_GROUP!r} entry point)"
         ) from None
 

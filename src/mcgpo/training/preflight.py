@@ -11,7 +11,9 @@ line in a fraction of a second:
   ``--resume`` its checkpoint and settings), as :func:`mcgpo.training.setup.prepare` checks
   them again;
 * ``eval`` of a run trained on a GPU, here without CUDA: the device came from the run's
-  config.toml, not from ``--device``, so the evaluation runs on the CPU, with a note.
+  config.toml, not from ``--device``, so the evaluation runs on the CPU, in one process
+  (the run's ``nproc``) with the HF sampler (its ``rollout.engine``), with a note naming
+  each change; what the command line gives is kept.
 """
 
 from __future__ import annotations
@@ -56,8 +58,11 @@ def check_environment(cfg: RunConfig) -> None:
 
 
 def _device_here(command: str, cfg: RunConfig, argv: Sequence[str]) -> tuple[RunConfig, str | None]:
-    """``eval`` of a run trained on CUDA, on a machine without it: the CPU and a note, unless
-    ``--device`` was given (then :func:`check_environment` says CUDA is missing)."""
+    """``eval`` of a run trained on CUDA, on a machine without it: one process on the CPU with
+    mcgpo's HF sampler, and a note naming what changed. What the command line gives stays:
+    ``--device`` (then :func:`check_environment` says CUDA is missing), ``--nproc`` (gloo
+    processes on the CPU), ``--rollout.engine`` (``mcgpo eval`` samples with the HF sampler
+    whatever it names); ``--backend nccl`` cannot run on the CPU and is refused in one line."""
     if command != "eval" or not cfg.device.startswith("cuda"):
         return cfg, None
     flags = parse_flags(command, argv)
@@ -67,8 +72,32 @@ def _device_here(command: str, cfg: RunConfig, argv: Sequence[str]) -> tuple[Run
 
     if torch.cuda.is_available():
         return cfg, None
+    given = flags.values
+    if given.get("backend") == "nccl":
+        raise ConfigError(
+            f"--backend nccl: the run trained on {cfg.device}, and CUDA is not available on "
+            "this machine, so it is evaluated on the CPU: pass --backend gloo (or drop it)"
+        )
+    trained, doing, passed = [], ["on the CPU"], ["--device cpu"]
+    nproc, backend = cfg.nproc, cfg.backend
+    if nproc > 1 and "nproc" not in given:
+        trained.append(f"{nproc} processes")
+        doing.insert(0, "in one process")
+        passed.append("--nproc 1")
+        nproc = 1
+    if backend == "nccl" and "backend" not in given:  # NCCL needs CUDA, even for 1 process
+        passed.append("--backend auto")
+        backend = "auto"
+    rollout = cfg.rollout
+    if rollout.engine == "vllm" and "rollout.engine" not in given:
+        trained.append("rollout.engine vllm")
+        doing.append("with mcgpo's HF sampler")
+        passed.append("--rollout.engine hf")
+        rollout = dataclasses.replace(rollout, engine="hf")
+    setting = f" with {' and '.join(trained)}" if trained else ""
     note = (
-        f"the run trained on {cfg.device}, and CUDA is not available on this machine: "
-        "evaluating on the CPU (--device cpu)"
+        f"the run trained on {cfg.device}{setting}, and CUDA is not available on this machine: "
+        f"evaluating {' '.join(doing)} ({' '.join(passed)})"
     )
-    return dataclasses.replace(cfg, device="cpu"), note
+    here = dataclasses.replace(cfg, device="cpu", nproc=nproc, backend=backend, rollout=rollout)
+    return here, note

@@ -129,6 +129,11 @@ def test_eval_of_a_distributed_vllm_gpu_run_without_cuda_is_one_cpu_process_with
         "the run trained on cuda, and CUDA is not available on this machine: evaluating on the "
         "CPU (--device cpu --backend auto)"
     )
+    monkeypatch.setenv("WORLD_SIZE", "2")  # a rank of torchrun's 2: the processes stay
+    cfg, note = here()
+    assert (cfg.device, cfg.nproc, cfg.backend) == ("cpu", 2, "auto")
+    assert note is not None and "one process" not in note and "2 processes" not in note
+    monkeypatch.delenv("WORLD_SIZE")
     cfg, note = here("--backend", "gloo")
     assert (cfg.nproc, cfg.backend, cfg.rollout.engine) == (1, "gloo", "hf")
     assert note is not None and note.endswith("(--device cpu --nproc 1 --rollout.engine hf)")

@@ -61,7 +61,8 @@ def _device_here(command: str, cfg: RunConfig, argv: Sequence[str]) -> tuple[Run
     """``eval`` of a run trained on CUDA, on a machine without it: one process on the CPU with
     mcgpo's HF sampler, and a note naming what changed. What the command line gives stays:
     ``--device`` (then :func:`check_environment` says CUDA is missing), ``--nproc`` (gloo
-    processes on the CPU), ``--rollout.engine`` (``mcgpo eval`` samples with the HF sampler
+    processes on the CPU; so do the processes a launcher such as torchrun started),
+    ``--rollout.engine`` (``mcgpo eval`` samples with the HF sampler
     whatever it names); ``--backend nccl`` cannot run on the CPU and is refused in one line."""
     if command != "eval" or not cfg.device.startswith("cuda"):
         return cfg, None
@@ -80,7 +81,9 @@ def _device_here(command: str, cfg: RunConfig, argv: Sequence[str]) -> tuple[Run
         )
     trained, doing, passed = [], ["on the CPU"], ["--device cpu"]
     nproc, backend = cfg.nproc, cfg.backend
-    if nproc > 1 and "nproc" not in given:
+    from mcgpo.training.distributed import launched_world_size  # torch is loaded by now
+
+    if nproc > 1 and "nproc" not in given and launched_world_size() == 1:  # not torchrun's
         trained.append(f"{nproc} processes")
         doing.insert(0, "in one process")
         passed.append("--nproc 1")

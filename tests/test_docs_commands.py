@@ -283,7 +283,8 @@ def test_every_docs_command_line_parses(where, argv, tmp_path, monkeypatch):
     assert problem(argv) is None, f"{where}: mcgpo {shlex.join(argv)}: {problem(argv)}"
 
 
-def test_the_check_catches_drift_and_leaves_out_only_what_needs_the_disk():
+def test_the_check_catches_drift_and_leaves_out_only_what_needs_the_disk(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
     smoke = ["--preset", "household-smoke"]
     assert problem(["trian", *smoke]) == "unknown command 'trian'"
     assert problem(["train", *smoke, "--train.lrr", "1e-4"]) == (

@@ -2,11 +2,12 @@
 
 ``mcgpo --help``, ``mcgpo <command> --help``, ``mcgpo report`` (and ``--plot``), ``mcgpo
 presets`` and every bad command line that exits 2 before a run starts (an unknown option,
-algorithm option or environment with its did-you-mean, a bad value, a missing model folder,
-a run folder that holds a run, an export of a run without adapters) answer without loading
-torch or transformers, which take seconds to import. Each case runs ``main`` in one fresh
-interpreter, in turn, and records what ``sys.modules`` holds after it; the last step imports
-the checkpoint module, which needs torch, to show that the record would see it.
+algorithm option, environment or environment option with its did-you-mean, a bad value, a
+missing model folder, a run folder that holds a run, an export of a run without adapters)
+answer without loading torch or transformers, which take seconds to import. Each case runs
+``main`` in one fresh interpreter, in turn, and records what ``sys.modules`` holds after it;
+the last step imports the checkpoint module, which needs torch, to show that the record
+would see it.
 """
 
 from __future__ import annotations
@@ -78,6 +79,10 @@ def test_read_only_commands_and_early_errors_import_neither_torch_nor_transforme
         (["train", "--train.precision", "fp8"], 2, "train.precision must be one of"),
         (["train", "--algo.omeg", "0.5"], 2, "did you mean 'omega'"),
         (["train", "--env.name", "hosehold"], 2, "did you mean 'household'"),
+        (["train", "--env.max_turn", "5"], 2, "option 'max_turn' (did you mean 'max_turns'?)"),
+        (["sft", "--env.n_receptacle", "5"], 2, "did you mean 'n_receptacles'"),
+        (["eval", "--run", "none", "--env.nope", "1"], 2, "unknown household option 'nope'"),
+        (["train", "--env.name", "webshop", "--env.top", "5"], 2, "did you mean 'top_n'"),
         (["train", "--preset", "no-such-preset"], 2, "unknown preset 'no-such-preset'"),
         (["train", "--model", "Qwen/Qwen2.5-0.5B"], 2, "hf download Qwen/Qwen2.5-0.5B"),
         (["train", "--out", str(run)], 2, "already holds a run; use --resume"),

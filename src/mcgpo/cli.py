@@ -352,14 +352,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         from mcgpo.training.preflight import preflight
 
         cfg, note = preflight(command, resolve(command, argv[1:]), argv[1:])
-        if note and int(os.environ.get("RANK", "0")) == 0:
-            print(f"mcgpo {command}: note: {note}", file=sys.stderr)
         if cfg.nproc > 1:  # train, sft and eval run on several processes
             from mcgpo.training.distributed import check_world, launch_local, launched_world_size
 
             if launched_world_size() == 1:  # the --nproc shortcut: start the N processes
                 check_world(cfg, cfg.nproc, command)  # a bad world setting: one line, exit 2
-                return launch_local(cfg.nproc, argv)
+                return launch_local(cfg.nproc, argv)  # (their rank 0 prints the note)
+        if note and int(os.environ.get("RANK", "0")) == 0:
+            print(f"mcgpo {command}: note: {note}", file=sys.stderr)
         code = _run(command, cfg, " ".join(["mcgpo", *argv]))
         if os.environ.get("WORLD_SIZE", "1") != "1":  # a torchrun rank: see leave_launched_process
             from mcgpo.training.distributed import leave_launched_process

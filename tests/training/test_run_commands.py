@@ -77,6 +77,95 @@ def test_eval_of_a_gpu_run_without_cuda_falls_back_to_the_cpu(trained, tmp_path,
     )
 
 
+def gpu_run(trained: Path, folder: Path, **saved: str) -> Path:
+    """The smoke run as a GPU trained it (``device = "cuda"``), with other saved settings:
+    ``nproc="2"``, ``backend='"nccl"'``, ``engine='"vllm"'`` (TOML values)."""
+    import shutil
+
+    shutil.copytree(trained / "model", folder / "model")
+    text = (trained / "config.toml").read_text(encoding="utf-8")
+    for key, value in {"device": '"cuda"', **saved}.items():
+        line = next(x for x in text.splitlines() if x.startswith(f"{key} = "))
+        text = text.replace(f"\n{line}\n", f"\n{key} = {value}\n")
+    (folder / "config.toml").write_text(text, encoding="utf-8")
+    return folder
+
+
+def test_eval_of_a_distributed_vllm_gpu_run_without_cuda_is_one_cpu_process_with_hf(
+    trained, tmp_path, capsys, monkeypatch
+):
+    import torch
+
+    from mcgpo.training.preflight import preflight
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # this machine: no CUDA
+    run = gpu_run(trained, tmp_path / "gpu-run", nproc="2", backend='"nccl"', engine='"vllm"')
+    saved = resolve("eval", ["--run", str(run)])
+    assert (saved.device, saved.nproc, saved.backend, saved.rollout.engine) == (
+        "cuda",
+        2,
+        "nccl",
+        "vllm",
+    )  # what the run says; before this fallback: 2 gloo processes, or nccl refused on CPU
+    capsys.readouterr()
+    assert main(["eval", "--run", str(run)]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == (
+        "mcgpo eval: note: the run trained on cuda with 2 processes and rollout.engine vllm, "
+        "and CUDA is not available on this machine: evaluating in one process on the CPU with "
+        "mcgpo's HF sampler (--device cpu --nproc 1 --backend auto --rollout.engine hf)"
+    )
+    assert err[1].startswith(f"[eval] {run / 'model'} on household: ") and ", cpu; " in err[1]
+    assert json.loads((run / "eval.json").read_text())["processes"] == 1
+
+    def here(*flags: str) -> tuple[RunConfig, str | None]:
+        argv = ["--run", str(run), *flags]
+        return preflight("eval", resolve("eval", argv), argv)
+
+    # what the command line gives stays, and the note names only what changed
+    cfg, note = here("--nproc", "2", "--rollout.engine", "vllm")
+    assert (cfg.device, cfg.nproc, cfg.backend, cfg.rollout.engine) == ("cpu", 2, "auto", "vllm")
+    assert note == (
+        "the run trained on cuda, and CUDA is not available on this machine: evaluating on the "
+        "CPU (--device cpu --backend auto)"
+    )
+    monkeypatch.setenv("WORLD_SIZE", "2")  # a rank of torchrun's 2: the processes stay
+    cfg, note = here()
+    assert (cfg.device, cfg.nproc, cfg.backend) == ("cpu", 2, "auto")
+    assert note is not None and "one process" not in note and "2 processes" not in note
+    monkeypatch.delenv("WORLD_SIZE")
+    cfg, note = here("--backend", "gloo")
+    assert (cfg.nproc, cfg.backend, cfg.rollout.engine) == (1, "gloo", "hf")
+    assert note is not None and note.endswith("(--device cpu --nproc 1 --rollout.engine hf)")
+    # what cannot run here is one line naming the option to pass, exit 2
+    assert main(["eval", "--run", str(run), "--backend", "nccl"]) == 2
+    assert one_line(capsys.readouterr().err) == (
+        "mcgpo eval: error: --backend nccl: the run trained on cuda, and CUDA is not available "
+        "on this machine, so it is evaluated on the CPU: pass --backend gloo (or drop it)"
+    )
+    assert main(["eval", "--run", str(run), "--device", "cuda"]) == 2
+    assert one_line(capsys.readouterr().err).endswith(
+        "--device cuda: CUDA is not available on this machine"
+    )
+
+
+def test_the_nproc_launcher_leaves_the_note_to_its_rank_0(trained, tmp_path, capsys, monkeypatch):
+    import torch
+
+    import mcgpo.training.distributed as distributed
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    started: list[tuple[int, list[str]]] = []
+    monkeypatch.setattr(distributed, "launch_local", lambda n, argv: started.append((n, argv)) or 0)
+    run = gpu_run(trained, tmp_path / "gpu-run")
+    capsys.readouterr()
+    argv = ["eval", "--run", str(run), "--nproc", "2"]
+    assert main(argv) == 0
+    assert started == [(2, argv)]  # each process runs the same command line and preflight
+    assert capsys.readouterr().err == ""  # the launcher says nothing; its rank 0 says it once
+
+
 def test_eval_of_a_model_in_a_run_folder_uses_the_runs_config(trained, capsys):
     capsys.readouterr()
     assert main(["eval", "--model", str(trained / "model")]) == 0

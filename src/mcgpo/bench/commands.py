@@ -33,7 +33,7 @@ from mcgpo.bench.runner import Variant, default_parallel
 from mcgpo.bench.study import run_study, split_items
 from mcgpo.options import did_you_mean
 
-__all__ = ["ABLATIONS", "SWEEP", "ablate_main", "bench_main", "sweep_main"]
+__all__ = ["ABLATIONS", "SWEEP", "ablate_main", "bench_main", "parse_study", "sweep_main"]
 
 ABLATIONS: tuple[Variant, ...] = (
     Variant("graphgpo", ("--algo.name", "graphgpo")),
@@ -141,6 +141,27 @@ def _parser(prog: str, description: str) -> argparse.ArgumentParser:
 
 
 def bench_main(argv: Sequence[str] | None = None) -> int:
+    return run_study("bench", *parse_study("bench", argv))
+
+
+def ablate_main(argv: Sequence[str] | None = None) -> int:
+    return run_study("ablate", *parse_study("ablate", argv))
+
+
+def sweep_main(argv: Sequence[str] | None = None) -> int:
+    return run_study("sweep", *parse_study("sweep", argv))
+
+
+def parse_study(
+    command: str, argv: Sequence[str] | None = None
+) -> tuple[argparse.Namespace, list[Variant]]:
+    """The options and variants of ``mcgpo <command> <argv>`` (bench, ablate or sweep), as
+    :func:`~mcgpo.bench.study.run_study` takes them; nothing is checked on disk or run yet.
+    A bad option is one line on stderr and SystemExit(2)."""
+    return {"bench": _bench, "ablate": _ablate, "sweep": _sweep}[command](argv)
+
+
+def _bench(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[Variant]]:
     p = _parser(
         "mcgpo bench",
         "Compare methods over seeds from one warm-started policy. results.md holds success "
@@ -160,15 +181,14 @@ def bench_main(argv: Sequence[str] | None = None) -> int:
     unknown = [a for a in algos if a not in ALGORITHMS]
     if unknown:
         p.error(f"unknown algorithm {unknown[0]!r}; known: {', '.join(ALGORITHMS)}")
-    variants = [Variant(a, ("--algo.name", a)) for a in algos]
-    return run_study("bench", args, variants)
+    return args, [Variant(a, ("--algo.name", a)) for a in algos]
 
 
-def ablate_main(argv: Sequence[str] | None = None) -> int:
+def _ablate(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[Variant]]:
     p = _parser("mcgpo ablate", "MCGPO's factorial controls, in the bench table's format.")
     p.add_argument("--only", default="", help="comma-separated labels to run (default: all)")
     args = _parse(p, argv)
-    return run_study("ablate", args, _only(p, args.only, list(ABLATIONS), "ablation"))
+    return args, _only(p, args.only, list(ABLATIONS), "ablation")
 
 
 def _only(
@@ -185,7 +205,7 @@ def _only(
     return [v for v in variants if v.label in wanted]
 
 
-def sweep_main(argv: Sequence[str] | None = None) -> int:
+def _sweep(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[Variant]]:
     p = _parser("mcgpo sweep", "MCGPO's hyper-parameters, one at a time around the defaults.")
     p.add_argument("--params", default=",".join(SWEEP), help="which parameters (default: all)")
     p.add_argument(
@@ -227,7 +247,7 @@ def sweep_main(argv: Sequence[str] | None = None) -> int:
                     ("--algo.name", "mcgpo", f"--{key}", value),
                 )
             )
-    return run_study("sweep", args, _only(p, args.only, variants, "sweep point"))
+    return args, _only(p, args.only, variants, "sweep point")
 
 
 def _parse(p: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:

@@ -18,6 +18,7 @@ import sys
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 from mcgpo.bench import carry
 from mcgpo.bench.report import report_finished, write_results
@@ -30,9 +31,18 @@ from mcgpo.bench.runner import (
     run_plans,
 )
 from mcgpo.bench.sequential import look_fractions
+from mcgpo.training.config import RunConfig
 from mcgpo.training.run_commands import COMMANDS
 
-__all__ = ["BENCH_SETS", "run_study", "split_items"]
+__all__ = [
+    "BENCH_SETS",
+    "StudyError",
+    "StudyOptions",
+    "run_study",
+    "split_items",
+    "study_configs",
+    "study_options",
+]
 
 
 def split_items(text: str, flag: str) -> list[str]:
@@ -44,7 +54,7 @@ def split_items(text: str, flag: str) -> list[str]:
     return items
 
 
-class _BadInput(Exception):
+class StudyError(Exception):
     """A bad benchmark option; reported as one line with exit code 2."""
 
 
@@ -59,30 +69,44 @@ BENCH_SETS: dict[str, str] = {
 }
 
 
+class StudyOptions(NamedTuple):
+    """What a study's command line says beyond its variants, checked (:func:`study_options`)."""
+
+    seeds: list[int]
+    looks: list[int]  # --sequential's (empty without)
+    extra: list[str]  # the --set flags of every training run
+    warm_extra: list[str]  # those of them the warm start (mcgpo sft) takes
+
+
+def study_options(args: argparse.Namespace) -> StudyOptions:
+    """The seeds, looks and ``--set`` flags of a parsed study command line and how its options
+    combine, checked from the line alone; a mistake is a one-line StudyError."""
+    seeds = _seeds(args.seeds)
+    extra, warm_extra = _set_flags(args.set)
+    looks = _looks(args.sequential)
+    if looks and not args.report_only:
+        raise StudyError("--sequential needs --report-only (a look reads finished runs)")
+    if args.carry is not None and args.report_only:
+        raise StudyError("--carry runs a study; to report from a carried folder, give it as --out")
+    if args.model is not None and "--model" in warm_extra and not args.report_only:
+        raise StudyError("give --model (no warm start) or --set model (warm-start it), not both")
+    return StudyOptions(seeds, looks, extra, warm_extra)
+
+
 def run_study(command: str, args: argparse.Namespace, variants: Sequence[Variant]) -> int:
     """Run ``command``'s study of ``variants`` over ``args.seeds`` as the parsed options say
     (or, with ``--report-only``, re-render its tables); the process's exit code."""
     try:
-        seeds = _seeds(args.seeds)
-        extra, warm_extra = _set_flags(args.set)
-        looks = _looks(args.sequential)
-        if looks and not args.report_only:
-            raise _BadInput("--sequential needs --report-only (a look reads finished runs)")
-        if args.carry is not None and args.report_only:
-            raise _BadInput(
-                "--carry runs a study; to report from a carried folder, give it as --out"
-            )
+        seeds, looks, extra, warm_extra = study_options(args)
         if args.report_only:
             out = Path(args.out or f"runs/{command}-{Path(args.preset).stem}")
             return report_finished(command, args.argv, out, variants, seeds, looks)
-        if args.model is not None and "--model" in warm_extra:
-            raise _BadInput("give --model (no warm start) or --set model (warm-start it), not both")
         if args.model is not None and args.model != "tiny" and not Path(args.model).is_dir():
-            raise _BadInput(f"--model {args.model!r}: folder not found")
-        _check_runs(args.preset, variants, extra, None if args.model else warm_extra)
+            raise StudyError(f"--model {args.model!r}: folder not found")
+        _check_built(study_configs(args, variants), warm=args.model is None)
         out = _writable_folder(Path(args.out or f"runs/{command}-{Path(args.preset).stem}"))
         kept = _carry_folder(args.carry, out)
-    except _BadInput as err:
+    except StudyError as err:
         print(f"mcgpo {command}: error: {err}", file=sys.stderr)
         return 2
     common = ["--preset", args.preset]
@@ -132,32 +156,45 @@ def run_study(command: str, args: argparse.Namespace, variants: Sequence[Variant
     return 0 if not failed else 1
 
 
-def _check_runs(
-    preset: str, variants: Sequence[Variant], extra: Sequence[str], warm: Sequence[str] | None
-) -> None:
-    """Resolve every run's config (and the warm start's, unless ``warm`` is None) as the
-    child processes will, before any of them starts: a misspelled preset, ``--set`` key or
-    algorithm option is found in seconds, not after the warm start."""
+def study_configs(args: argparse.Namespace, variants: Sequence[Variant]) -> list[RunConfig]:
+    """Every run's config (the warm start's first, unless ``--model``), resolved as the child
+    processes will resolve theirs: a misspelled preset, ``--set`` key or algorithm option is
+    found in seconds, not after the warm start; a one-line StudyError. Nothing is built and
+    no file is read but the preset (:func:`run_study` then checks the warm start's model
+    folder and builds one environment)."""
     from mcgpo.training.algorithms import resolve_algo
     from mcgpo.training.config import ConfigError
-    from mcgpo.training.environments import env_factory
     from mcgpo.training.overrides import resolve_command
 
+    extra, warm = _set_flags(args.set)
     try:
-        configs = [resolve_command("sft", ["--preset", preset, *warm])] if warm is not None else []
-        if configs and configs[0].model != "tiny" and not Path(configs[0].model).is_dir():
-            from mcgpo.model_names import hub_id_hint
-
-            hint = hub_id_hint(configs[0].model)
-            raise _BadInput(f"--set model={configs[0].model}: folder not found{hint}")
+        configs = [] if args.model else [resolve_command("sft", ["--preset", args.preset, *warm])]
         for variant in variants:
-            cfg = resolve_command("train", ["--preset", preset, *extra, *variant.flags])
+            cfg = resolve_command("train", ["--preset", args.preset, *extra, *variant.flags])
             resolve_algo(cfg.algo, cfg.rollout.group_size)
             configs.append(cfg)
-        if configs:  # one environment built: its name and options (the variants' are the same)
+    except ConfigError as err:
+        raise StudyError(str(err)) from None
+    return configs
+
+
+def _check_built(configs: Sequence[RunConfig], warm: bool) -> None:
+    """What :func:`study_configs` cannot see from the line: the warm start's model folder
+    (``warm``: ``configs[0]`` is the warm start's) and the environment, name and options (one
+    built: the variants' are the same)."""
+    from mcgpo.training.config import ConfigError
+    from mcgpo.training.environments import env_factory
+
+    if warm and configs[0].model != "tiny" and not Path(configs[0].model).is_dir():
+        from mcgpo.model_names import hub_id_hint
+
+        hint = hub_id_hint(configs[0].model)
+        raise StudyError(f"--set model={configs[0].model}: folder not found{hint}")
+    try:
+        if configs:
             env_factory(configs[0])
     except ConfigError as err:
-        raise _BadInput(str(err)) from None
+        raise StudyError(str(err)) from None
 
 
 def _last_line(log: Path) -> str:
@@ -173,7 +210,7 @@ def _seeds(text: str) -> list[int]:
     try:
         return [int(s) for s in split_items(text, "--seeds")]
     except ValueError:
-        raise _BadInput(f"--seeds must be integers, got {text!r}") from None
+        raise StudyError(f"--seeds must be integers, got {text!r}") from None
 
 
 def _looks(text: str) -> list[int]:
@@ -183,11 +220,11 @@ def _looks(text: str) -> list[int]:
     try:
         looks = [int(s) for s in split_items(text, "--sequential")]
     except ValueError:
-        raise _BadInput(f"--sequential must be integers, got {text!r}") from None
+        raise StudyError(f"--sequential must be integers, got {text!r}") from None
     try:
         look_fractions(looks)
     except ValueError as err:
-        raise _BadInput(f"--sequential: {err}") from None
+        raise StudyError(f"--sequential: {err}") from None
     return looks
 
 
@@ -201,10 +238,12 @@ def _set_flags(items: Sequence[str]) -> tuple[list[str], list[str]]:
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise _BadInput(f"--set expects KEY=VALUE, got {item!r}")
+            raise StudyError(f"--set expects KEY=VALUE, got {item!r}")
         name = key.replace("-", "_")
         if name in BENCH_SETS:
-            raise _BadInput(f"--set {key}: the benchmark sets it for each run ({BENCH_SETS[name]})")
+            raise StudyError(
+                f"--set {key}: the benchmark sets it for each run ({BENCH_SETS[name]})"
+            )
         if name != "model":
             runs += [f"--{key}", value]
         if _warm_start_takes(key):  # e.g. env.name: the warm start must see the same env
@@ -216,14 +255,14 @@ def _writable_folder(folder: Path, flag: str = "--out") -> Path:
     """``folder``, created if missing; a one-line error naming ``flag`` if it cannot be
     created or written."""
     if folder.exists() and not folder.is_dir():
-        raise _BadInput(f"{flag} {str(folder)!r} is a file, not a folder")
+        raise StudyError(f"{flag} {str(folder)!r} is a file, not a folder")
     try:
         folder.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=folder):
             pass
     except OSError as err:
         reason = err.strerror or type(err).__name__
-        raise _BadInput(
+        raise StudyError(
             f"{flag} {str(folder)!r}: cannot create or write the folder ({reason})"
         ) from None
     return folder
@@ -234,13 +273,13 @@ def _carry_folder(text: str | None, out: Path) -> Path | None:
     if text is None:
         return None
     if Path(text).resolve() == out.resolve():
-        raise _BadInput(f"--carry {text!r} is --out itself; give another folder")
+        raise StudyError(f"--carry {text!r} is --out itself; give another folder")
     kept = _writable_folder(Path(text), "--carry")
     try:
         restored = carry.restore(kept, out)
     except OSError as err:
         reason = err.strerror or type(err).__name__
-        raise _BadInput(f"--carry {text!r}: cannot restore it into --out ({reason})") from None
+        raise StudyError(f"--carry {text!r}: cannot restore it into --out ({reason})") from None
     if restored:
         print(f"[carry] {len(restored)} files restored from {kept} into {out}", file=sys.stderr)
     return kept

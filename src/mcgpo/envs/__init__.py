@@ -16,11 +16,10 @@ A plugin that fails to load raises :class:`EnvPluginError`, one line naming the 
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Callable
 from typing import Any
 
-from mcgpo.envs.protocol import SPLITS, Context, Env, Observation, StepResult
+from mcgpo.envs.protocol import SPLITS, Context, Env, Observation, StepResult, closest
 from mcgpo.envs.registry import ENTRY_POINT_GROUP, EnvPluginError, EnvRegistry
 
 __all__ = [
@@ -90,8 +89,7 @@ def env_named(name: str) -> Callable[..., Env]:
     try:
         return ENVIRONMENTS[name]
     except KeyError:
-        close = difflib.get_close_matches(name, list(ENVIRONMENTS), n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        hint = closest(name, ENVIRONMENTS)
         raise ValueError(
             f"unknown environment {name!r}{hint}; known: {', '.join(ENVIRONMENTS)} "
             f"(or install a package with a {ENTRY_POINT_GROUP!r} entry point)"

@@ -11,10 +11,13 @@ rescales them elsewhere.
 
 from __future__ import annotations
 
+import difflib
+import inspect
+from collections.abc import Callable, Collection
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["SPLITS", "Context", "Env", "Observation", "StepResult"]
+__all__ = ["SPLITS", "Context", "Env", "Observation", "StepResult", "closest", "unknown_option"]
 
 SPLITS = ("train", "valid_seen", "valid_unseen")
 
@@ -85,3 +88,24 @@ class Env(Protocol):
     def expert_action(self) -> str:
         """The expert's next action from the current state."""
         ...
+
+
+def closest(word: str, known: Collection[str]) -> str:
+    """``" (did you mean 'x'?)"`` naming the closest of ``known`` to ``word`` (difflib's ratio
+    >= 0.6, as :func:`mcgpo.options.did_you_mean`, which this layer may not import), or ``""``."""
+    close = difflib.get_close_matches(word, list(known), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def unknown_option(env: str, unknown: Collection[str], takes: Callable[..., Any]) -> str:
+    """The one line an environment's constructor raises for options it does not take: the
+    first unknown one (sorted), the closest of the named parameters of ``takes`` (its class or
+    factory: the signature is the one list of its options), then all of them, e.g. ``unknown
+    household option 'max_turn' (did you mean 'max_turns'?); known: max_turns, ...``."""
+    known = [
+        p.name
+        for p in inspect.signature(takes).parameters.values()
+        if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name != "self"
+    ]
+    word = sorted(unknown)[0]
+    return f"unknown {env} option {word!r}{closest(word, known)}; known: {', '.join(known)}"

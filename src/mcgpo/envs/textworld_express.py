@@ -37,7 +37,7 @@ from functools import lru_cache
 from typing import Any
 
 from mcgpo.envs.alfworld_keys import anchor, step_info
-from mcgpo.envs.protocol import SPLITS, Context, Observation, StepResult
+from mcgpo.envs.protocol import SPLITS, Context, Observation, StepResult, unknown_option
 
 __all__ = ["FOLDS", "WIN_REWARD", "TextWorldExpressEnv", "TextWorldExpressError", "TwxUnavailable"]
 
@@ -157,8 +157,7 @@ class TextWorldExpressEnv:
     ) -> None:
         if unknown:
             raise TextWorldExpressError(
-                f"unknown textworld-express option {sorted(unknown)[0]!r}; known: game, "
-                "game_params, max_turns, gold_path"
+                unknown_option("textworld-express", unknown, TextWorldExpressEnv)
             )
         if game not in GAMES:
             raise TextWorldExpressError(f"unknown TWX game {game!r}; known: {', '.join(GAMES)}")

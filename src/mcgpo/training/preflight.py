@@ -2,14 +2,18 @@
 run (:func:`preflight`), before torch or transformers is imported, so that each mistake is one
 line in a fraction of a second:
 
-* the environment's name (its options are checked by building one as the run starts), the
-  model folder (a hub id gets the command that downloads it) and, for ``--device cuda``,
-  CUDA;
+* the environment, name and options: one is built (:func:`~mcgpo.training.environments.
+  env_factory`, as ``mcgpo bench`` checks its runs' and the run builds its own; the built-in
+  environments are free of torch), so that ``--env.max_turn 5`` is one line with the
+  closest option at once; the model folder (a hub id gets the command that downloads it)
+  and, for ``--device cuda``, CUDA;
 * ``train``: the algorithm's options and the run folder (a fresh run needs one without a run,
   ``--resume`` its checkpoint and settings), as :func:`mcgpo.training.setup.prepare` checks
   them again;
 * ``eval`` of a run trained on a GPU, here without CUDA: the device came from the run's
-  config.toml, not from ``--device``, so the evaluation runs on the CPU, with a note.
+  config.toml, not from ``--device``, so the evaluation runs on the CPU, in one process
+  (the run's ``nproc``) with the HF sampler (its ``rollout.engine``), with a note naming
+  each change; what the command line gives is kept.
 """
 
 from __future__ import annotations
@@ -18,10 +22,10 @@ import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 
-from mcgpo.envs import env_named
 from mcgpo.model_names import hub_id_hint
 from mcgpo.training.algorithms import resolve_algo
 from mcgpo.training.config import ConfigError, RunConfig
+from mcgpo.training.environments import env_factory
 from mcgpo.training.overrides import eval_run_folder, parse_flags
 from mcgpo.training.run_folder import check_run_folder
 
@@ -40,12 +44,9 @@ def preflight(command: str, cfg: RunConfig, argv: Sequence[str]) -> tuple[RunCon
 
 
 def check_environment(cfg: RunConfig) -> None:
-    """Things a config cannot know by itself: the environment, the model folder and the
-    device exist (the environment's options are checked by building one, as the run starts)."""
-    try:
-        env_named(cfg.env.name)
-    except ValueError as err:  # as training.environments.env_factory words it
-        raise ConfigError(f"env {cfg.env.name!r}: {err}") from None
+    """Things a config cannot know by itself: the environment exists and takes its options
+    (one is built, as the run builds its own), the model folder and the device exist."""
+    env_factory(cfg)  # a bad name or option is one ConfigError line: "env 'household': ..."
     if cfg.model != "tiny" and not Path(cfg.model).is_dir():
         hint = hub_id_hint(cfg.model) or " (give a folder or 'tiny')"
         raise ConfigError(f"model folder {cfg.model!r} not found{hint}")
@@ -57,8 +58,12 @@ def check_environment(cfg: RunConfig) -> None:
 
 
 def _device_here(command: str, cfg: RunConfig, argv: Sequence[str]) -> tuple[RunConfig, str | None]:
-    """``eval`` of a run trained on CUDA, on a machine without it: the CPU and a note, unless
-    ``--device`` was given (then :func:`check_environment` says CUDA is missing)."""
+    """``eval`` of a run trained on CUDA, on a machine without it: one process on the CPU with
+    mcgpo's HF sampler, and a note naming what changed. What the command line gives stays:
+    ``--device`` (then :func:`check_environment` says CUDA is missing), ``--nproc`` (gloo
+    processes on the CPU; so do the processes a launcher such as torchrun started),
+    ``--rollout.engine`` (``mcgpo eval`` samples with the HF sampler
+    whatever it names); ``--backend nccl`` cannot run on the CPU and is refused in one line."""
     if command != "eval" or not cfg.device.startswith("cuda"):
         return cfg, None
     flags = parse_flags(command, argv)
@@ -68,8 +73,34 @@ def _device_here(command: str, cfg: RunConfig, argv: Sequence[str]) -> tuple[Run
 
     if torch.cuda.is_available():
         return cfg, None
+    given = flags.values
+    if given.get("backend") == "nccl":
+        raise ConfigError(
+            f"--backend nccl: the run trained on {cfg.device}, and CUDA is not available on "
+            "this machine, so it is evaluated on the CPU: pass --backend gloo (or drop it)"
+        )
+    trained, doing, passed = [], ["on the CPU"], ["--device cpu"]
+    nproc, backend = cfg.nproc, cfg.backend
+    from mcgpo.training.distributed import launched_world_size  # torch is loaded by now
+
+    if nproc > 1 and "nproc" not in given and launched_world_size() == 1:  # not torchrun's
+        trained.append(f"{nproc} processes")
+        doing.insert(0, "in one process")
+        passed.append("--nproc 1")
+        nproc = 1
+    if backend == "nccl" and "backend" not in given:  # NCCL needs CUDA, even for 1 process
+        passed.append("--backend auto")
+        backend = "auto"
+    rollout = cfg.rollout
+    if rollout.engine == "vllm" and "rollout.engine" not in given:
+        trained.append("rollout.engine vllm")
+        doing.append("with mcgpo's HF sampler")
+        passed.append("--rollout.engine hf")
+        rollout = dataclasses.replace(rollout, engine="hf")
+    setting = f" with {' and '.join(trained)}" if trained else ""
     note = (
-        f"the run trained on {cfg.device}, and CUDA is not available on this machine: "
-        "evaluating on the CPU (--device cpu)"
+        f"the run trained on {cfg.device}{setting}, and CUDA is not available on this machine: "
+        f"evaluating {' '.join(doing)} ({' '.join(passed)})"
     )
-    return dataclasses.replace(cfg, device="cpu"), note
+    here = dataclasses.replace(cfg, device="cpu", nproc=nproc, backend=backend, rollout=rollout)
+    return here, note

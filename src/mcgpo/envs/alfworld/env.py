@@ -42,7 +42,7 @@ from mcgpo.envs.alfworld.generate import DEFAULT_CACHE, solvable_game
 from mcgpo.envs.alfworld.official import GameFile, OfficialGames, has_games, task_of
 from mcgpo.envs.alfworld.problem import GENERATOR_VERSION
 from mcgpo.envs.alfworld_keys import NOTHING_HAPPENS, TASK_TYPES, step_info
-from mcgpo.envs.protocol import SPLITS, Context, Observation, StepResult
+from mcgpo.envs.protocol import SPLITS, Context, Observation, StepResult, unknown_option
 
 __all__ = ["WIN_REWARD", "AlfworldEnv", "AlfworldError"]
 
@@ -94,10 +94,7 @@ class AlfworldEnv:
         **unknown: Any,
     ) -> None:
         if unknown:
-            raise AlfworldError(
-                f"unknown alfworld option {sorted(unknown)[0]!r}; known: max_turns, source, "
-                "data_path, cache_dir, task_types, planner_timeout_s"
-            )
+            raise AlfworldError(unknown_option("alfworld", unknown, AlfworldEnv))
         if (
             isinstance(max_turns, bool)
             or not isinstance(max_turns, numbers.Integral)

@@ -30,7 +30,7 @@ from mcgpo.envs.household.explorer import explorer_action, note_searched
 from mcgpo.envs.household.layouts import MAX_RECEPTACLES, MIN_RECEPTACLES
 from mcgpo.envs.household.tasks import task_world
 from mcgpo.envs.household.world import World
-from mcgpo.envs.protocol import SPLITS, Context, Observation, StepResult
+from mcgpo.envs.protocol import SPLITS, Context, Observation, StepResult, unknown_option
 
 __all__ = ["WIN_REWARD", "HouseholdEnv", "HouseholdError"]
 
@@ -74,10 +74,7 @@ class HouseholdEnv:
         **unknown: Any,
     ) -> None:
         if unknown:
-            raise HouseholdError(
-                f"unknown household option {sorted(unknown)[0]!r}; known: max_turns, "
-                "n_receptacles, n_distractors, task_types, expert"
-            )
+            raise HouseholdError(unknown_option("household", unknown, HouseholdEnv))
         if expert not in EXPERTS:
             raise HouseholdError(f"expert must be 'planner' or 'explorer', got {expert!r}")
         self.expert = expert

@@ -40,7 +40,7 @@ import logging
 import re
 from typing import Any
 
-from mcgpo.envs.protocol import Context, Observation, StepResult
+from mcgpo.envs.protocol import Context, Observation, StepResult, unknown_option
 from mcgpo.envs.webshop.catalogue import Catalogue, CatalogueError, Goal
 from mcgpo.envs.webshop.context import page_context
 from mcgpo.envs.webshop.expert import expert_action
@@ -80,7 +80,10 @@ class WebShopEnv:
         max_action_chars: int = 1000,
         noun_tagger: str = "auto",
         spacy_model: str = "en_core_web_sm",
+        **unknown: Any,
     ) -> None:
+        if unknown:
+            raise CatalogueError(unknown_option("webshop", unknown, WebShopEnv))
         for name, value in (
             ("max_turns", max_turns),
             ("num_products", num_products),

@@ -123,8 +123,8 @@ def test_eval_of_a_distributed_vllm_gpu_run_without_cuda_is_one_cpu_process_with
         return preflight("eval", resolve("eval", argv), argv)
 
     # what the command line gives stays, and the note names only what changed
-    cfg, note = here("--nproc", "2", "--rollout.engine", "vllm")
-    assert (cfg.device, cfg.nproc, cfg.backend, cfg.rollout.engine) == ("cpu", 2, "auto", "vllm")
+    cfg, note = here("--nproc", "2", "--rollout.engine", "hf")
+    assert (cfg.device, cfg.nproc, cfg.backend, cfg.rollout.engine) == ("cpu", 2, "auto", "hf")
     assert note == (
         "the run trained on cuda, and CUDA is not available on this machine: evaluating on the "
         "CPU (--device cpu --backend auto)"
@@ -138,6 +138,11 @@ def test_eval_of_a_distributed_vllm_gpu_run_without_cuda_is_one_cpu_process_with
     assert (cfg.nproc, cfg.backend, cfg.rollout.engine) == (1, "gloo", "hf")
     assert note is not None and note.endswith("(--device cpu --nproc 1 --rollout.engine hf)")
     # what cannot run here is one line naming the option to pass, exit 2
+    assert main(["eval", "--run", str(run), "--rollout.engine", "vllm"]) == 2
+    assert one_line(capsys.readouterr().err) == (
+        "mcgpo eval: error: --rollout.engine vllm: mcgpo eval samples with mcgpo's HF sampler "
+        "(the engine serves mcgpo train's rollouts, docs/rollout.md section 9): drop the option"
+    )
     assert main(["eval", "--run", str(run), "--backend", "nccl"]) == 2
     assert one_line(capsys.readouterr().err) == (
         "mcgpo eval: error: --backend nccl: the run trained on cuda, and CUDA is not available "

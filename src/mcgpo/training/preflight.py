@@ -35,6 +35,11 @@ __all__ = ["check_environment", "preflight"]
 def preflight(command: str, cfg: RunConfig, argv: Sequence[str]) -> tuple[RunConfig, str | None]:
     """The config ``mcgpo <command> <argv>`` runs with (``cfg``: as resolved from them) and a
     note for the console, or None; a mistake is a one-line ConfigError."""
+    if command == "eval" and parse_flags(command, argv).values.get("rollout.engine") == "vllm":
+        raise ConfigError(
+            "--rollout.engine vllm: mcgpo eval samples with mcgpo's HF sampler (the engine "
+            "serves mcgpo train's rollouts, docs/rollout.md section 9): drop the option"
+        )
     cfg, note = _device_here(command, cfg, argv)
     check_environment(cfg)
     if command == "train":
@@ -61,9 +66,9 @@ def _device_here(command: str, cfg: RunConfig, argv: Sequence[str]) -> tuple[Run
     """``eval`` of a run trained on CUDA, on a machine without it: one process on the CPU with
     mcgpo's HF sampler, and a note naming what changed. What the command line gives stays:
     ``--device`` (then :func:`check_environment` says CUDA is missing), ``--nproc`` (gloo
-    processes on the CPU; so do the processes a launcher such as torchrun started),
-    ``--rollout.engine`` (``mcgpo eval`` samples with the HF sampler
-    whatever it names); ``--backend nccl`` cannot run on the CPU and is refused in one line."""
+    processes on the CPU; so do the processes a launcher such as torchrun started);
+    ``--backend nccl`` cannot run on the CPU and is refused in one line (so is ``--rollout.
+    engine vllm`` anywhere: :func:`preflight`)."""
     if command != "eval" or not cfg.device.startswith("cuda"):
         return cfg, None
     flags = parse_flags(command, argv)

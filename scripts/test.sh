@@ -19,13 +19,25 @@ if python -c "import mkdocs, material" 2>/dev/null; then
 else
   echo "docs site: not built (mkdocs is not installed: the docs extra, MCGPO_EXTRAS=...,docs)" >&2
 fi
+# The verl and vLLM venvs are set up (mostly downloads and unpacking) while the main suite
+# runs; their log is printed if a setup fails.
+extra_venvs() {
+  if [ "${MCGPO_VERL-1}" != "0" ]; then
+    MCGPO_VENV=.venv-verl MCGPO_EXTRAS=verl,serve bash scripts/setup.sh
+  fi
+  if [ "${MCGPO_VLLM-1}" != "0" ]; then
+    MCGPO_VENV=.venv-vllm MCGPO_EXTRAS=vllm,lora bash scripts/setup.sh
+  fi
+}
+mkdir -p build
+extra_venvs > build/extra-venvs.log 2>&1 &
+setting_up=$!
 python -m pytest -q -n 2 "$@"
+wait "$setting_up" || { cat build/extra-venvs.log >&2; echo "setting up .venv-verl / .venv-vllm failed (above)" >&2; exit 1; }
 if [ "${MCGPO_VERL-1}" != "0" ]; then
-  MCGPO_VENV=.venv-verl MCGPO_EXTRAS=verl,serve bash scripts/setup.sh
   .venv-verl/bin/python -m pytest -q -p no:randomly -n 0 -m verl tests/integrations
 fi
 if [ "${MCGPO_VLLM-1}" != "0" ]; then
-  MCGPO_VENV=.venv-vllm MCGPO_EXTRAS=vllm,lora bash scripts/setup.sh
   .venv-vllm/bin/python -m pytest -q -p no:randomly -n 0 -m vllm tests/rollout/test_vllm_engine.py \
     tests/rollout/test_vllm_rollout_correction.py tests/rollout/test_vllm_lora.py \
     tests/rollout/test_vllm_async.py

@@ -59,3 +59,26 @@ def test_a_served_environment_takes_the_options_its_server_serves():
     cfg = resolve_command("train", [*flags[:2], *unreachable, *flags[4:]])
     with pytest.raises(ConfigError, match=r"^env 'remote': remote env: http://127.0.0.1:9"):
         check_environment(cfg)
+
+
+def test_the_environment_built_to_check_the_options_is_closed(monkeypatch):
+    """The probe environment (a JVM for TextWorld-Express, a session for a served one) is
+    closed at once; the factory still builds fresh, open environments for the run."""
+    from mcgpo.envs import ENVIRONMENTS
+    from mcgpo.envs.household import HouseholdEnv
+
+    built: list[Closing] = []
+
+    class Closing(HouseholdEnv):
+        def __init__(self, **options: object) -> None:
+            super().__init__(**options)
+            self.closed = False
+            built.append(self)
+
+        def close(self) -> None:
+            self.closed = True
+
+    monkeypatch.setitem(ENVIRONMENTS, "closing", Closing)
+    cfg = resolve_command("train", ["--env.name", "closing", "--out", "unused"])
+    check_environment(cfg)
+    assert [env.closed for env in built] == [True]

@@ -22,9 +22,14 @@ def env_factory(cfg: RunConfig) -> Callable[[], Any]:
     name = cfg.env.name
     make = EnvSpec(name, typed_env_options(cfg))
     try:
-        make()  # a bad name or option, or a missing extra, is reported before any model work
+        probe = (
+            make()
+        )  # a bad name or option, or a missing extra, is reported before any model work
     except (ValueError, TypeError, ImportError) as err:
         raise ConfigError(f"env {name!r}: {str(err).splitlines()[0]}") from None
+    close = getattr(probe, "close", None)
+    if callable(close):  # a JVM (TextWorld-Express), a server session: not kept for a probe
+        close()
     return make
 
 

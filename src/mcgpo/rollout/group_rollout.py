@@ -13,7 +13,9 @@ finish. A piece's turn is one sampler call holding exactly that piece's live row
 company a row is decoded in never depends on the timing (the log-probs are the same, bit
 for bit, run after run); each environment still sees the same prompts and draws from its
 own generator, so the rollout is the sequential one, token for token, but for rare near
-ties where the other company's float rounding moves a draw (tested). What it
+ties where the other company's float rounding moves a draw (tested); with
+``batch_invariant`` every row is decoded in a sampler call of its own, and then no row's
+tokens or log-probs depend on its company at all (bit for bit). What it
 saves depends on how decoding and stepping cost scale with the number of rows
 (docs/async.md works it out; ``benchmarks/bench_async.py`` measures).
 
@@ -70,6 +72,7 @@ from mcgpo.rollout.overlap import env_pieces, play_overlapped
 from mcgpo.rollout.parsing import parse_action
 from mcgpo.rollout.prompts import default_response_format, prompt_ids, stop_strings
 from mcgpo.rollout.records import Rollout, Tally, Trajectory, assemble, record_turn
+from mcgpo.rollout.sampler import Samples
 from mcgpo.rollout.static_decode import SAMPLERS
 
 __all__ = [
@@ -114,6 +117,7 @@ class CollectOptions:
     decode_attention: str = "gqa"  # the static sampler's single-token attention (or "sdpa")
     overlap_env: bool = False  # pieces of the rows: some step while others decode
     overlap_pieces: int = 2  # how many fixed pieces with overlap_env (>= 2)
+    batch_invariant: bool = False  # one sampler call per row: no row's company matters
 
     def __post_init__(self) -> None:
         if self.group_size < 1:
@@ -131,6 +135,8 @@ class CollectOptions:
         p = self.overlap_pieces
         if isinstance(p, bool) or not isinstance(p, int) or p < 2:
             raise ValueError(f"overlap_pieces must be an integer >= 2, got {p!r}")
+        if not isinstance(self.batch_invariant, bool):
+            raise ValueError(f"batch_invariant must be true or false, got {self.batch_invariant!r}")
         for name in ("workers", "group_offset"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -197,6 +203,11 @@ def collect(
     sampling = _sampling(model, tokenizer, options, n_env, engine)
     seeds = [int(tasks[e // options.group_size]) for e in range(n_env)]
     tally = Tally()
+    if engine is not None and options.batch_invariant:
+        raise ValueError(
+            "batch_invariant: a rollout engine batches and caches prompt prefixes as it "
+            "schedules them, so a row's arithmetic depends on its company there"
+        )
     if pool is not None and len(pool) != n_env:
         raise ValueError(f"pool has {len(pool)} environments, the rollout needs {n_env}")
     kept = pool is not None
@@ -326,11 +337,19 @@ class _Turns:
         draw = SAMPLERS[opts.sampler] if s.engine is None else _engine_sample(s.engine)
         static = s.engine is None and opts.sampler == "static"
         extra = {"decode_attention": opts.decode_attention} if static else {}
-        out = draw(
-            s.model, prompts, temperature=opts.temperature, max_new_tokens=s.budget,
-            eos_token_id=s.eos, pad_token_id=s.pad, stop_strings=s.stops, tokenizer=s.tokenizer,
-            generator=[s.generators[e] for e in live], **extra,
-        )  # fmt: skip
+
+        def call(rows: list[int], texts: list[list[int]]) -> Any:
+            return draw(
+                s.model, texts, temperature=opts.temperature, max_new_tokens=s.budget,
+                eos_token_id=s.eos, pad_token_id=s.pad, stop_strings=s.stops,
+                tokenizer=s.tokenizer, generator=[s.generators[e] for e in rows], **extra,
+            )  # fmt: skip
+
+        if opts.batch_invariant:  # each row alone: the same arithmetic in any company
+            alone = [call([e], [p]) for e, p in zip(live, prompts, strict=True)]
+            out = Samples([o.response_ids[0] for o in alone], [o.log_probs[0] for o in alone])
+        else:
+            out = call(live, prompts)
         seconds = time.perf_counter() - t0
         self.tally.sample_seconds += seconds
         for e in live:

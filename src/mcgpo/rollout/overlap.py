@@ -7,7 +7,8 @@ rows, so the company a row is decoded in, and with it the last bits of its log-p
 depends on the timing. Each environment's turn reads only its own observation, history and
 generator, so the rollout is the sequential one, token for token, but for rare near ties
 (the other company's rounding moves a draw to the neighbouring token; tests/rollout/
-test_rollout_overlap.py); docs/async.md says what it saves and where.
+test_rollout_overlap.py), and bit for bit with ``batch_invariant`` (every row decoded alone:
+tests/rollout/test_batch_invariant.py); docs/async.md says what it saves and where.
 """
 
 from __future__ import annotations

@@ -108,6 +108,7 @@ def collect_options(
         decode_attention=cfg.rollout.decode_attention,
         overlap_env=cfg.rollout.overlap_env,
         overlap_pieces=cfg.rollout.overlap_pieces,
+        batch_invariant=cfg.rollout.batch_invariant,
     )
 
 

@@ -138,10 +138,17 @@ class RolloutConfig:
         False,
         "environment steps overlapped with decoding: rollout.overlap_pieces pieces of the "
         "rollouts, some step while others decode (the same tokens and episodes but for "
-        "rare float near ties, faster where environments are slow; docs/async.md)",
+        "rare float near ties, none with rollout.batch_invariant; faster where environments "
+        "are slow; docs/async.md)",
     )
     overlap_pieces: int = option(
         2, "rollout.overlap_env: fixed pieces the rollouts are cut into (>= 2; docs/async.md)"
+    )
+    batch_invariant: bool = option(
+        False,
+        "decode every row in a sampler call of its own, so that no row's tokens or log-probs "
+        "depend on which rows share its call (overlap pieces, groups, ranks): exactly the "
+        "same rollouts, slower (one call per row; rollout.engine hf; docs/async.md)",
     )
 
     def check(self) -> None:
@@ -153,6 +160,12 @@ class RolloutConfig:
             raise ConfigError(
                 f"rollout.overlap_pieces {self.overlap_pieces} needs rollout.overlap_env true "
                 "(the pieces are how overlapped environment steps cut the rollouts)"
+            )
+        if self.batch_invariant and self.engine != "hf":
+            raise ConfigError(
+                f"rollout.batch_invariant needs rollout.engine hf: the {self.engine} engine "
+                "batches and caches prompt prefixes as it schedules them, so a row's "
+                "arithmetic depends on its company there"
             )
         if not self.temperature > 0:  # greedy siblings would all act alike: nothing to compare
             raise ConfigError(

@@ -51,6 +51,7 @@ from mcgpo.training.config_layout import from_dict
 __all__ = [
     "PLUGIN_SECTIONS",
     "ROLLOUT_KEYS_IN_VERL",
+    "ROLLOUT_KEYS_MCGPO_ONLY",
     "RolloutCorrection",
     "check_env",
     "check_trainer",
@@ -77,6 +78,14 @@ ROLLOUT_KEYS_IN_VERL: dict[str, str] = {
     "vllm_gpu_memory_utilization": "actor_rollout_ref.rollout.gpu_memory_utilization",
     "vllm_dtype": "actor_rollout_ref.rollout.dtype",
     "vllm_sleep": "actor_rollout_ref.rollout.free_cache_engine",
+}
+# mcgpo.rollout's keys for mcgpo's own rollout loop, with no counterpart under verl (refused,
+# saying why): every RolloutConfig field is in exactly one of these three
+ROLLOUT_KEYS_MCGPO_ONLY: dict[str, str] = {
+    "overlap_env": "verl's agent loop plays every episode as a task of its own, so its "
+    "environment steps already run beside other episodes' decoding",
+    "overlap_pieces": "it cuts mcgpo's own rollout loop into pieces (rollout.overlap_env)",
+    "batch_invariant": "verl's rollout server batches the requests itself",
 }
 
 
@@ -128,6 +137,11 @@ def plugin_config(verl_config: Any) -> RunConfig:
             raise ConfigError(
                 f"mcgpo.rollout.{key}: verl sets this, not the plugin (it would be ignored); "
                 f"set {ROLLOUT_KEYS_IN_VERL[key]} instead"
+            )
+        if key in ROLLOUT_KEYS_MCGPO_ONLY:
+            raise ConfigError(
+                f"mcgpo.rollout.{key}: mcgpo train's own rollouts only, the plugin would "
+                f"ignore it ({ROLLOUT_KEYS_MCGPO_ONLY[key]})"
             )
     cfg = from_dict(block, where="mcgpo")
     cfg = dataclasses.replace(cfg, algo=_grpo_std_switch(verl_config, cfg.algo))

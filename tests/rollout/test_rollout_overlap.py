@@ -212,3 +212,28 @@ def test_one_half_steps_while_the_other_decodes(counter_policy, monkeypatch):
     monkeypatch.setattr(rollout_module, "_sampling", sampling)
     run(counter_policy, tasks, env=WaitingCounter, seed=1, overlap_env=True)
     assert seen == {"first": True, "thread": True}
+
+
+def test_next_prompts_are_built_in_the_stepper_threads(counter_policy, monkeypatch):
+    """Overlapped, a piece's rows are recorded and its next prompts tokenized (one batch call)
+    in the thread that stepped it, beside other pieces' decoding; only the first turn's are
+    built by the decoder. Sequentially every turn's are built in one call by the caller."""
+    real = rollout_module.prompts_ids
+    threads: list[tuple[str, int]] = []
+
+    def spy(tokenizer, decisions, **kw):
+        threads.append((threading.current_thread().name, len(decisions)))
+        return real(tokenizer, decisions, **kw)
+
+    monkeypatch.setattr(rollout_module, "prompts_ids", spy)
+    tasks = [0, 1]  # 6 environments: pieces 0-2 and 3-5
+    overlapped = run(counter_policy, tasks, seed=2, overlap_env=True)
+    me = threading.current_thread().name
+    assert [t for t in threads if t[0] == me] == [(me, 3)] * 2  # each piece's first turn
+    later = [name for name, _ in threads if name != me]
+    assert later and all(name.startswith("env-step") for name in later)
+    threads.clear()
+    sequential = run(counter_policy, tasks, seed=2)
+    assert {name for name, _ in threads} == {threading.current_thread().name}
+    assert threads[0][1] == 6  # all live rows in one call
+    assert_same_but_near_ties(sequential, overlapped)

@@ -14,6 +14,7 @@ from mcgpo.rollout import (
     render_prompt,
     stop_strings,
 )
+from mcgpo.rollout.prompts import encode_prompts, prompts_ids
 
 OBS = Observation(
     text="The counter shows 2.",
@@ -177,3 +178,23 @@ def test_prompt_ids_budget_falls_back_to_no_history_then_cuts(counter_policy):
     assert prompt_ids(tok, OBS, [], max_prompt_tokens=10) == (first[-10:], "cut")
     with pytest.raises(ValueError, match="max_prompt_tokens must be >= 1 or None, got 0"):
         prompt_ids(tok, OBS, PAST, max_prompt_tokens=0)
+
+
+def test_a_batch_of_decisions_gives_each_ones_ids_and_fit(counter_policy):
+    """prompts_ids tokenizes each pass in one call: per decision exactly what prompt_ids
+    gives alone, budget fallbacks included, in order; so does encode_prompts, also with a
+    chat template."""
+    _, tok = counter_policy
+    full = len(encode_prompt(tok, render_prompt(OBS, PAST, history=2)))
+    decisions = [(OBS, PAST), (OBS, []), (OBS, PAST[:1]), (OBS, PAST)]
+    for budget in (None, full, full - 1, 10):
+        alone = [prompt_ids(tok, o, p, max_prompt_tokens=budget) for o, p in decisions]
+        together = prompts_ids(tok, decisions, max_prompt_tokens=budget)
+        assert together == alone, budget
+    fits = {fit for _, fit in prompts_ids(tok, decisions, max_prompt_tokens=full - 1)}
+    assert fits == {"full", "no_history"}  # the mixed case: some fall back, some do not
+    assert prompts_ids(tok, [], max_prompt_tokens=5) == []
+    chat = tok.__class__(tokenizer_object=tok.backend_tokenizer, eos_token=tok.eos_token)
+    chat.chat_template = "{% for m in messages %}<{{ m['content'] }}>{% endfor %}"
+    texts = ["hello", "a longer prompt", ""]
+    assert encode_prompts(chat, texts) == [encode_prompt(chat, t) for t in texts]

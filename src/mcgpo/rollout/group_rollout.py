@@ -70,7 +70,7 @@ from mcgpo.envs.protocol import Env, Observation
 from mcgpo.rollout.decode_attention import DECODE_ATTENTIONS
 from mcgpo.rollout.overlap import env_pieces, play_overlapped
 from mcgpo.rollout.parsing import parse_action
-from mcgpo.rollout.prompts import default_response_format, prompt_ids, stop_strings
+from mcgpo.rollout.prompts import default_response_format, prompts_ids, stop_strings
 from mcgpo.rollout.records import Rollout, Tally, Trajectory, assemble, record_turn
 from mcgpo.rollout.sampler import Samples
 from mcgpo.rollout.static_decode import SAMPLERS
@@ -311,7 +311,8 @@ class _Turns:
     tally: Tally
     chain: list[float]  # per environment: seconds of the decode and step calls it was in
     on_turn: Callable[[int, int], None] | None = None  # (episodes finished, episodes)
-    counting: threading.Lock = field(default_factory=threading.Lock)  # tally.env_seconds
+    counting: threading.Lock = field(default_factory=threading.Lock)  # the tally's counts
+    ready: dict[int, list[int]] = field(default_factory=dict)  # prompts built ahead (prepare)
 
     def live(self, envs: Iterable[int], report: bool = False) -> list[int]:
         """The environments of ``envs`` that play another turn; with ``report``, ``envs``
@@ -332,7 +333,10 @@ class _Turns:
     def decode(self, live: list[int]) -> _Decoded:
         """One sampler call for the prompts of ``live``; the parsed actions."""
         s, opts = self.s, self.s.options
-        prompts = [_prompt_ids(s, self.current[e], self.trajs[e].past, self.tally) for e in live]
+        if all(e in self.ready for e in live):
+            prompts = [self.ready.pop(e) for e in live]
+        else:
+            prompts = self.prompts(live)
         t0 = time.perf_counter()
         draw = SAMPLERS[opts.sampler] if s.engine is None else _engine_sample(s.engine)
         static = s.engine is None and opts.sampler == "static"
@@ -368,18 +372,44 @@ class _Turns:
                 self.chain[e] += seconds
         return results
 
+    def prompts(self, live: list[int]) -> list[list[int]]:
+        """The prompt ids of ``live``'s next turn, tokenized in one call (counting the budget
+        fallbacks)."""
+        s, opts = self.s, self.s.options
+        decisions = []
+        for e in live:
+            obs = self.current[e]
+            assert obs is not None
+            decisions.append((obs, self.trajs[e].past))
+        built = prompts_ids(
+            s.tokenizer, decisions, history=opts.history, response_format=s.fmt,
+            max_prompt_tokens=opts.max_prompt_tokens,
+        )  # fmt: skip
+        with self.counting:
+            for e, (_, fit) in zip(live, built, strict=True):
+                _count_fit(self.tally, fit, opts.history > 0 and bool(self.trajs[e].past))
+        return [ids for ids, _ in built]
+
+    def prepare(self, envs: Iterable[int]) -> None:
+        """Build the next prompts of ``envs``' live environments now (play_overlapped: in the
+        thread that stepped them, beside other pieces' decoding: a fast tokenizer encodes a
+        batch without holding the GIL); their next ``decode`` takes them."""
+        live = self.live(envs)
+        self.ready.update(zip(live, self.prompts(live), strict=True))
+
     def record(self, d: _Decoded, results: dict[int, Any]) -> None:
         """The rows of ``d``'s turn; an environment that errored on the step has none."""
         s, tally = self.s, self.tally
         for j, e in enumerate(d.live):
             ids = d.out.response_ids[j]
-            tally.generated += len(ids)
-            if (
+            truncated = (
                 len(ids) == s.budget
                 and ids[-1] not in s.eos
                 and not any(x in d.texts[j] for x in s.stops)
-            ):
-                tally.truncated += 1
+            )
+            with self.counting:  # pieces may record at once (play_overlapped)
+                tally.generated += len(ids)
+                tally.truncated += int(truncated)
             if e not in results:  # the environment errored on this step
                 continue
             obs, res = self.current[e], results[e]
@@ -415,24 +445,10 @@ def eos_ids(model: Any, tokenizer: Any) -> list[int]:
     return sorted(ids)
 
 
-def _prompt_ids(
-    s: _Sampling, obs: Observation | None, past: list[tuple[str, str]], tally: Tally
-) -> list[int]:
-    """:func:`~mcgpo.rollout.prompts.prompt_ids`, counting the budget fallbacks."""
-    assert obs is not None
-    history = s.options.history
-    ids, fit = prompt_ids(
-        s.tokenizer,
-        obs,
-        past,
-        history=history,
-        response_format=s.fmt,
-        max_prompt_tokens=s.options.max_prompt_tokens,
-    )
-    if fit == "cut" and history > 0 and past:  # re-rendered without history, then cut
+def _count_fit(tally: Tally, fit: str, had_history: bool) -> None:
+    """Count a prompt's budget fallback (:func:`~mcgpo.rollout.prompts.prompt_ids`'s fit):
+    re-rendered without history (also when then cut), or cut."""
+    if fit == "no_history" or (fit == "cut" and had_history):
         tally.no_history += 1
-    if fit == "no_history":
-        tally.no_history += 1
-    elif fit == "cut":
+    if fit == "cut":
         tally.cut += 1
-    return ids

@@ -26,8 +26,9 @@ __all__ = ["Turns", "env_pieces", "play_overlapped"]
 
 class Turns(Protocol):
     """What :func:`play_overlapped` plays with (the rollout's turns, group_rollout.py):
-    ``decode`` one sampler call for some live environments, ``step`` their environments
-    (thread-safe for disjoint environments), ``record`` the turn's rows."""
+    ``decode`` one sampler call for some live environments, ``step`` their environments,
+    ``record`` the turn's rows and ``prepare`` their next prompts (each thread-safe for
+    disjoint environments)."""
 
     pool: Any
     trajs: list[Any]
@@ -39,6 +40,8 @@ class Turns(Protocol):
     def step(self, d: Any) -> dict[int, Any]: ...
 
     def record(self, d: Any, results: dict[int, Any]) -> None: ...
+
+    def prepare(self, envs: Iterable[int]) -> None: ...
 
 
 def env_pieces(n_env: int, pieces: int) -> list[range]:
@@ -60,27 +63,29 @@ def play_overlapped(turns: Turns, pieces: list[range]) -> None:
     """
     one_at_a_time = contextlib.nullcontext() if turns.pool.steps_at_once else threading.Lock()
 
-    def step(d: Any) -> dict[int, Any]:
+    def step(d: Any, p: int) -> None:
+        """Piece p's step, its rows recorded and its next prompts built, all in the
+        stepper's thread (beside other pieces' decoding)."""
         with one_at_a_time:
-            return turns.step(d)
+            results = turns.step(d)
+        turns.record(d, results)
+        turns.prepare(pieces[p])
 
     ready: queue.SimpleQueue[int] = queue.SimpleQueue()
     for p in range(len(pieces)):
         ready.put(p)  # the first turns in piece order
-    in_flight: dict[int, tuple[Any, Future]] = {}
+    in_flight: dict[int, Future] = {}
     playing = len(pieces)
     with ThreadPoolExecutor(len(pieces), thread_name_prefix="env-step") as stepper:
         while playing:
             p = ready.get()
             if p in in_flight:  # its step ran beside other pieces' decodes
-                decoded, future = in_flight.pop(p)
-                turns.record(decoded, future.result())
+                in_flight.pop(p).result()  # its error, if any, is raised here
                 turns.live(range(len(turns.trajs)), report=True)
             live = turns.live(pieces[p])
             if not live:
                 playing -= 1
                 continue
-            decoded = turns.decode(live)
-            future = stepper.submit(step, decoded)
+            future = stepper.submit(step, turns.decode(live), p)
             future.add_done_callback(lambda _, p=p: ready.put(p))
-            in_flight[p] = (decoded, future)
+            in_flight[p] = future

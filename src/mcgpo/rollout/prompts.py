@@ -49,9 +49,11 @@ __all__ = [
     "RESPONSE_FORMATS",
     "default_response_format",
     "encode_prompt",
+    "encode_prompts",
     "encode_response",
     "format_response",
     "prompt_ids",
+    "prompts_ids",
     "render_prompt",
     "stop_strings",
 ]
@@ -158,14 +160,30 @@ def encode_prompt(tokenizer: Any, text: str, *, thinking: bool | None = None) ->
     prompt (``thinking``, when given, is the template's ``enable_thinking``); without one the
     text is tokenized as is (the tiny tokenizer adds BOS).
     """
+    return encode_prompts(tokenizer, [text], thinking=thinking)[0]
+
+
+def encode_prompts(
+    tokenizer: Any, texts: Sequence[str], *, thinking: bool | None = None
+) -> list[list[int]]:
+    """:func:`encode_prompt` of each text, in one tokenizer call: the same ids as one call
+    per text (a fast tokenizer encodes a batch in Rust without holding Python's GIL, so a
+    batch tokenized in another thread runs beside the decoder)."""
+    if not texts:
+        return []
     if getattr(tokenizer, "chat_template", None):
         switch = {} if thinking is None else {"enable_thinking": thinking}
-        chat = tokenizer.apply_chat_template(
-            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False,
-            **switch,
-        )  # fmt: skip
-        return list(tokenizer(chat, add_special_tokens=False)["input_ids"])
-    return list(tokenizer(text)["input_ids"])
+        chats = [
+            tokenizer.apply_chat_template(
+                [{"role": "user", "content": text}],
+                add_generation_prompt=True,
+                tokenize=False,
+                **switch,
+            )
+            for text in texts
+        ]
+        return [list(ids) for ids in tokenizer(chats, add_special_tokens=False)["input_ids"]]
+    return [list(ids) for ids in tokenizer(list(texts))["input_ids"]]
 
 
 def prompt_ids(
@@ -184,22 +202,49 @@ def prompt_ids(
     rule, made general) or ``"cut"`` (still over: its oldest tokens were dropped).
     SFT uses this too, so that demonstrations see exactly the prompts of RL.
     """
+    return prompts_ids(
+        tokenizer,
+        [(observation, past)],
+        history=history,
+        response_format=response_format,
+        max_prompt_tokens=max_prompt_tokens,
+    )[0]
+
+
+def prompts_ids(
+    tokenizer: Any,
+    decisions: Sequence[tuple[Observation, Sequence[tuple[str, str]]]],
+    *,
+    history: int = 2,
+    response_format: str = "action",
+    max_prompt_tokens: int | None = None,
+) -> list[tuple[list[int], str]]:
+    """:func:`prompt_ids` of each ``(observation, past)``, the texts of each pass tokenized
+    in one call (:func:`encode_prompts`): the same ids and fits as one call per decision."""
     if max_prompt_tokens is not None and max_prompt_tokens < 1:
         raise ValueError(f"max_prompt_tokens must be >= 1 or None, got {max_prompt_tokens}")
+    thinking = response_format == "think"
 
-    def encode(h: int) -> list[int]:
-        text = render_prompt(observation, past, history=h, response_format=response_format)
-        return encode_prompt(tokenizer, text, thinking=response_format == "think")
+    def encode(items: Sequence[int], h: int) -> list[list[int]]:
+        texts = [
+            render_prompt(decisions[i][0], decisions[i][1], history=h,
+                          response_format=response_format)
+            for i in items
+        ]  # fmt: skip
+        return encode_prompts(tokenizer, texts, thinking=thinking)
 
-    ids = encode(history)
-    if max_prompt_tokens is None or len(ids) <= max_prompt_tokens:
-        return ids, "full"
-    fit = "full"
-    if history > 0 and past:
-        fit, ids = "no_history", encode(0)
-    if len(ids) > max_prompt_tokens:
-        fit, ids = "cut", ids[-max_prompt_tokens:]
-    return ids, fit
+    out = [(ids, "full") for ids in encode(range(len(decisions)), history)]
+    if max_prompt_tokens is None:
+        return out
+    over = [i for i, (ids, _) in enumerate(out) if len(ids) > max_prompt_tokens]
+    again = [i for i in over if history > 0 and decisions[i][1]]
+    for i, ids in zip(again, encode(again, 0), strict=True):
+        out[i] = (ids, "no_history")
+    for i in over:
+        ids = out[i][0]
+        if len(ids) > max_prompt_tokens:
+            out[i] = (ids[-max_prompt_tokens:], "cut")
+    return out
 
 
 def format_response(action: str, response_format: str, thought: str = "") -> str:

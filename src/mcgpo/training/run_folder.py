@@ -31,6 +31,7 @@ __all__ = [
     "RESUMABLE",
     "check_run_folder",
     "check_same_run",
+    "check_sft_folder",
     "code_version",
     "fixed_changes",
     "saved_config",
@@ -188,6 +189,21 @@ def check_run_folder(cfg: RunConfig) -> None:
     elif checkpoint is not None or (folder / "metrics.jsonl").exists():
         raise ConfigError(
             f"run folder {str(folder)!r} already holds a run; use --resume or another --out"
+        )
+
+
+def check_sft_folder(cfg: RunConfig) -> None:
+    """``mcgpo sft`` starts a fresh run: a folder with a policy in it (``model/``, or a
+    checkpoint: an sft or a train run) is refused, not overwritten. One without (a warm start
+    that stopped before saving, which ``mcgpo bench`` starts again) is written into."""
+    folder = Path(cfg.out)
+    held = "model/" if (folder / "model").exists() else None
+    if held is None and latest_checkpoint(folder) is not None:
+        held = "checkpoints/"
+    if held is not None:
+        raise ConfigError(
+            f"run folder {str(folder)!r} already holds a run (its {held}); mcgpo sft starts a "
+            "fresh one: use another --out"
         )
 
 

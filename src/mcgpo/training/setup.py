@@ -63,7 +63,12 @@ from mcgpo.training.env_pools import RunPools
 from mcgpo.training.metrics import MetricSinks, SilentSinks
 from mcgpo.training.pending import Batch, read_pending
 from mcgpo.training.presets import load_preset
-from mcgpo.training.run_folder import check_run_folder, writable_folder, write_run_config
+from mcgpo.training.run_folder import (
+    check_run_folder,
+    check_sft_folder,
+    writable_folder,
+    write_run_config,
+)
 from mcgpo.training.runtime import apply_runtime, check_device
 from mcgpo.training.tracking import check_trackers_installed
 
@@ -136,6 +141,8 @@ def prepare(cfg: RunConfig, command: str = "", *, kind: str, world: World = SING
 
         cfg = dataclasses.replace(cfg, algo=resolve_algo(cfg.algo, cfg.rollout.group_size))
         check_run_folder(cfg)
+    if kind == "sft":
+        check_sft_folder(cfg)
     make_env = env_factory(cfg)
     folder = writable_folder(cfg.out)
     barrier(world)  # every rank has checked the folder before rank 0 writes into it

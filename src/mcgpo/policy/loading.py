@@ -143,6 +143,9 @@ def _load_adapter_folder(
         raise PolicyLoadError(
             f"adapter folder {str(folder)!r}: cannot load the adapters ({first})"
         ) from err
+    # PEFT loads for inference (the base frozen) and the merge keeps that: trainable again,
+    # as a plain folder loads (mcgpo train --model <adapter folder> fine-tunes every weight)
+    model.requires_grad_(True)
     return model, _adapter_tokenizer(folder, tokenizer)
 
 

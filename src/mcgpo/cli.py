@@ -225,14 +225,19 @@ def _print_presets() -> None:
 def _print_report(folders: list[str]) -> None:
     from mcgpo.training.metrics import Table, run_stages
 
-    columns: dict[str, dict[str, float]] = {}
+    staged: list[tuple[str, dict[str, dict[str, float]]]] = []
     for folder in folders:
         if not Path(folder).is_dir():
             raise UsageError(f"run folder {folder!r} not found")
         stages = run_stages(Path(folder))
         if not stages:
             raise UsageError(f"run folder {folder!r} holds no evaluation")
-        columns.update(stages)
+        staged.append((folder, stages))
+    labels = [label for _, stages in staged for label in stages]
+    columns: dict[str, dict[str, float]] = {}
+    for folder, stages in staged:  # two runs at the same stage: each column names its folder
+        for label, values in stages.items():
+            columns[f"{folder}: {label}" if labels.count(label) > 1 else label] = values
     print(Table.from_metrics("held-out success (" + ", ".join(folders) + ")", columns).render())
 
 

@@ -326,6 +326,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in DELEGATED:
         return DELEGATED[argv[0]][0](argv[1:])
+    interrupted_cfg = None  # the run's config once checked: what a Ctrl-C line names
     try:
         parser = build_parser()
         if argv and not argv[0].startswith("-") and argv[0] not in (*COMMANDS, *NAMED):
@@ -357,6 +358,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from mcgpo.training.preflight import preflight
 
         cfg, note = preflight(command, resolve(command, argv[1:]), argv[1:])
+        interrupted_cfg = cfg
         if cfg.nproc > 1:  # train, sft and eval run on several processes
             from mcgpo.training.distributed import check_world, launch_local, launched_world_size
 
@@ -375,8 +377,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         command = argv[0] if argv and argv[0] in COMMANDS else ""
         print(f"mcgpo{' ' + command if command else ''}: error: {err}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("mcgpo: interrupted", file=sys.stderr)
+    except KeyboardInterrupt:  # Ctrl-C: one line saying what is left and how to go on
+        from mcgpo.training.run_folder import interrupted_line
+
+        command = argv[0] if argv and argv[0] in COMMANDS else ""
+        print(interrupted_line(command, interrupted_cfg), file=sys.stderr)
         return 130
 
 

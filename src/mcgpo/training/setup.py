@@ -66,6 +66,7 @@ from mcgpo.training.presets import load_preset
 from mcgpo.training.run_folder import (
     check_run_folder,
     check_sft_folder,
+    stopped_before_a_checkpoint,
     writable_folder,
     write_run_config,
 )
@@ -186,7 +187,11 @@ def setup_run(cfg: RunConfig, command: str = "", world: World = SINGLE) -> Run:
         )  # FSDP2
     updates_done, cursor = 0, cfg.seed * 1_000_000
     state, notes, pending = None, [], []
-    if cfg.resume:
+    if cfg.resume and stopped_before_a_checkpoint(setup.folder):
+        notes.append(
+            "the run stopped before its first checkpoint: it starts again from update 0"
+        )  # as a fresh run, with the saved settings; its records are written again
+    elif cfg.resume:
         lora_model = model if lora else None  # LoRA: the checkpoint holds the adapters only
         state, model, pending, notes = _usable_checkpoint(cfg, setup.folder, world, lora_model)
         updates_done, cursor = state.update, state.task_cursor
@@ -217,7 +222,7 @@ def setup_run(cfg: RunConfig, command: str = "", world: World = SINGLE) -> Run:
         sinks = MetricSinks(
             setup.folder,
             report_to=cfg.trackers(),
-            resume_at=updates_done if cfg.resume else None,
+            resume_at=(-1 if state is None else updates_done) if cfg.resume else None,
             config=load_preset(str(setup.folder / "config.toml")),  # as written, code included
         )
     fields = {f.name: getattr(setup, f.name) for f in dataclasses.fields(RunSetup)}

@@ -70,6 +70,7 @@ from mcgpo.training.run_folder import (
     writable_folder,
     write_run_config,
 )
+from mcgpo.training.run_lock import lock_run_folder
 from mcgpo.training.runtime import apply_runtime, check_device
 from mcgpo.training.tracking import check_trackers_installed
 
@@ -146,6 +147,8 @@ def prepare(cfg: RunConfig, command: str = "", *, kind: str, world: World = SING
         check_sft_folder(cfg)
     make_env = env_factory(cfg)
     folder = writable_folder(cfg.out)
+    if kind != "eval" and world.main:  # one process writes a run folder at a time
+        lock_run_folder(folder, command)
     barrier(world)  # every rank has checked the folder before rank 0 writes into it
     if kind != "eval" and world.main:
         write_run_config(folder, cfg, command)

@@ -135,6 +135,22 @@ def test_resume_without_a_checkpoint_is_an_error(capsys, tmp_path):
     assert one_line_error(err) == f"mcgpo train: error: --resume: no checkpoint in '{tmp_path}'"
 
 
+def test_resume_names_the_run_with_out(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the default --out, runs/run, is not there
+    code, _, err = run_cli(capsys, "train", "--resume")
+    assert code == 2 and one_line_error(err) == (
+        "mcgpo train: error: --resume: no run folder 'runs/run' (--out names the run)"
+    )
+    # the hurried spelling: the folder after --resume (it was "expected true or false")
+    code, _, err = run_cli(capsys, "train", "--resume", "runs/hq", "--train.updates", "24")
+    assert code == 2 and one_line_error(err) == (
+        "mcgpo train: error: --resume takes no folder: the run is --out "
+        "(mcgpo train --resume --out runs/hq)"
+    )
+    assert resolve("train", ["--resume", "false"]).resume is False  # a value still reads
+    assert resolve("train", ["--resume=true"]).resume is True
+
+
 def test_cuda_request_without_cuda(capsys):
     import torch
 

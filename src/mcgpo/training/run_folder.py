@@ -185,6 +185,8 @@ def check_run_folder(cfg: RunConfig) -> None:
     folder = Path(cfg.out)
     checkpoint = latest_checkpoint(folder)
     if cfg.resume:
+        if not folder.is_dir():  # --out left at its default, or mistyped
+            raise ConfigError(f"--resume: no run folder {str(folder)!r} (--out names the run)")
         if checkpoint is None and not stopped_before_a_checkpoint(folder):
             raise ConfigError(f"--resume: no checkpoint in {str(folder)!r}")
         check_same_run(folder / "config.toml", cfg)

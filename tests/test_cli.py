@@ -135,6 +135,22 @@ def test_resume_without_a_checkpoint_is_an_error(capsys, tmp_path):
     assert one_line_error(err) == f"mcgpo train: error: --resume: no checkpoint in '{tmp_path}'"
 
 
+def test_resume_names_the_run_with_out(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the default --out, runs/run, is not there
+    code, _, err = run_cli(capsys, "train", "--resume")
+    assert code == 2 and one_line_error(err) == (
+        "mcgpo train: error: --resume: no run folder 'runs/run' (--out names the run)"
+    )
+    # the hurried spelling: the folder after --resume (it was "expected true or false")
+    code, _, err = run_cli(capsys, "train", "--resume", "runs/hq", "--train.updates", "24")
+    assert code == 2 and one_line_error(err) == (
+        "mcgpo train: error: --resume takes no folder: the run is --out "
+        "(mcgpo train --resume --out runs/hq)"
+    )
+    assert resolve("train", ["--resume", "false"]).resume is False  # a value still reads
+    assert resolve("train", ["--resume=true"]).resume is True
+
+
 def test_cuda_request_without_cuda(capsys):
     import torch
 
@@ -216,3 +232,43 @@ def test_console_script_entry_point():
     assert proc.stderr.strip() == (
         "mcgpo train: error: unknown option --train.lrr (did you mean '--train.lr'?)"
     )
+
+
+def _train_run(folder, success: float, tail: str = "") -> str:
+    """A train run folder as ``mcgpo train`` writes it: its algorithm, two evaluations."""
+    import json
+
+    folder.mkdir()
+    (folder / "config.toml").write_text('[algo]\nname = "mcgpo"\n', encoding="utf-8")
+    records = [
+        {"update": 0, "eval/success": 0.0, "eval/episodes": 4},
+        {"update": 2, "eval/success": success, "eval/episodes": 4},
+    ]
+    text = "".join(json.dumps(r) + "\n" for r in records) + tail
+    (folder / "metrics.jsonl").write_text(text, encoding="utf-8")
+    return str(folder)
+
+
+def test_report_of_two_runs_at_the_same_stage_shows_both(capsys, tmp_path):
+    a, b = _train_run(tmp_path / "a", 0.25), _train_run(tmp_path / "b", 0.75)
+    code, out, _ = run_cli(capsys, "report", a, b)
+    assert code == 0
+    header, _, success = out.splitlines()[1:4]
+    # one column each (the second run's used to replace the first's: same label)
+    assert header.split() == [
+        "metric", f"{a}:", "mcgpo", "update", "2", f"{b}:", "mcgpo", "update", "2"
+    ]  # fmt: skip
+    assert success.split() == ["success", "0.250", "0.750"]
+    code, out, _ = run_cli(capsys, "report", a)  # one run: its label alone
+    assert code == 0 and out.splitlines()[1].split() == ["metric", "mcgpo", "update", "2"]
+
+
+def test_report_of_a_run_being_written_leaves_out_its_unfinished_last_line(capsys, tmp_path):
+    run = _train_run(tmp_path / "run", 0.5, tail='{"update": 3, "eval/succ')  # mid-write
+    code, out, err = run_cli(capsys, "report", run)
+    assert (code, err) == (0, "")
+    assert out.splitlines()[3].split() == ["success", "0.500"]
+    # a finished line that is not a record still names the file and the line
+    (tmp_path / "run" / "metrics.jsonl").write_text('{"update": 0}\n{"upd\n{"update": 1}\n')
+    code, _, err = run_cli(capsys, "report", run)
+    assert code == 2 and "metrics.jsonl line 2: not a JSON record" in one_line_error(err)

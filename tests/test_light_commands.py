@@ -86,7 +86,7 @@ def test_read_only_commands_and_early_errors_import_neither_torch_nor_transforme
         (["train", "--preset", "no-such-preset"], 2, "unknown preset 'no-such-preset'"),
         (["train", "--model", "Qwen/Qwen2.5-0.5B"], 2, "hf download Qwen/Qwen2.5-0.5B"),
         (["train", "--out", str(run)], 2, "already holds a run; use --resume"),
-        (["train", "--resume", "--out", str(tmp_path / "empty")], 2, "--resume: no checkpoint"),
+        (["train", "--resume", "--out", str(tmp_path / "empty")], 2, "--resume: no run folder"),
         (["eval", "--run", str(tmp_path / "empty")], 2, "no config.toml there"),
         (["report", str(tmp_path / "empty")], 2, "not found"),
         (["bench", "--algos", "grpo,nope"], 2, "unknown algorithm 'nope'"),

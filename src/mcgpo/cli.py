@@ -225,14 +225,19 @@ def _print_presets() -> None:
 def _print_report(folders: list[str]) -> None:
     from mcgpo.training.metrics import Table, run_stages
 
-    columns: dict[str, dict[str, float]] = {}
+    staged: list[tuple[str, dict[str, dict[str, float]]]] = []
     for folder in folders:
         if not Path(folder).is_dir():
             raise UsageError(f"run folder {folder!r} not found")
         stages = run_stages(Path(folder))
         if not stages:
             raise UsageError(f"run folder {folder!r} holds no evaluation")
-        columns.update(stages)
+        staged.append((folder, stages))
+    labels = [label for _, stages in staged for label in stages]
+    columns: dict[str, dict[str, float]] = {}
+    for folder, stages in staged:  # two runs at the same stage: each column names its folder
+        for label, values in stages.items():
+            columns[f"{folder}: {label}" if labels.count(label) > 1 else label] = values
     print(Table.from_metrics("held-out success (" + ", ".join(folders) + ")", columns).render())
 
 
@@ -321,6 +326,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in DELEGATED:
         return DELEGATED[argv[0]][0](argv[1:])
+    interrupted_cfg = None  # the run's config once checked: what a Ctrl-C line names
     try:
         parser = build_parser()
         if argv and not argv[0].startswith("-") and argv[0] not in (*COMMANDS, *NAMED):
@@ -352,6 +358,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from mcgpo.training.preflight import preflight
 
         cfg, note = preflight(command, resolve(command, argv[1:]), argv[1:])
+        interrupted_cfg = cfg
         if cfg.nproc > 1:  # train, sft and eval run on several processes
             from mcgpo.training.distributed import check_world, launch_local, launched_world_size
 
@@ -370,8 +377,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         command = argv[0] if argv and argv[0] in COMMANDS else ""
         print(f"mcgpo{' ' + command if command else ''}: error: {err}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("mcgpo: interrupted", file=sys.stderr)
+    except KeyboardInterrupt:  # Ctrl-C: one line saying what is left and how to go on
+        from mcgpo.training.run_folder import interrupted_line
+
+        command = argv[0] if argv and argv[0] in COMMANDS else ""
+        print(interrupted_line(command, interrupted_cfg), file=sys.stderr)
         return 130
 
 

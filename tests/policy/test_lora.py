@@ -168,6 +168,9 @@ def test_adapter_folder_is_peft_format_and_loads_merged(pair, tmp_path):
     # load_policy merges it into a plain model: PEFT's merge is ours, bitwise
     loaded, loaded_tok = load_policy(folder)
     assert not has_lora(loaded) and len(loaded_tok) == len(tok)
+    # trainable as a plain folder loads (PEFT loads for inference: mcgpo train --model
+    # <adapter folder> had no parameter to train)
+    assert all(p.requires_grad for p in loaded.parameters())
     ours_merged = dict(merged_model(lora).named_parameters())
     for name, value in loaded.named_parameters():
         assert torch.equal(value, ours_merged[name]), name
@@ -281,8 +284,17 @@ def test_export_merge_writes_the_merged_folder_and_refuses_bad_input(pair, tmp_p
     # bad input: one line, exit 2, nothing overwritten
     for argv, message in [
         (["export", "--merge", str(run)], f"--out {str(run / 'merged')!r} exists"),
-        (["export", "--merge", str(tmp_path / "b")], "holds no LoRA adapter folder"),
+        (["export", "--merge", str(tmp_path / "b")], f"{str(tmp_path / 'b')!r} is not a LoRA run"),
+        (["export", "--merge", str(tmp_path)], "holds no LoRA adapter folder"),
+        (["export", "--merge", str(tmp_path / "nope")], "nope': no such folder"),
+        (["export", str(run)], "the following arguments are required: --merge"),
+        (["export", "--merge", str(run), "--out", "/proc/merged"], "cannot write the merged"),
     ]:
-        assert main(argv) == 2
+        try:
+            code = main(argv)
+        except SystemExit as stop:  # the command line's own mistakes: argparse exits
+            code = stop.code
+        assert code == 2
         err = capsys.readouterr().err.strip()
         assert "\n" not in err and err.startswith("mcgpo export: error: ") and message in err
+    assert sorted(p.name for p in run.iterdir()) == ["merged", "model"]  # no half folder left

@@ -49,6 +49,15 @@ def test_folder_without_config(tmp_path):
         load_policy(tmp_path)
 
 
+def test_a_run_folder_given_as_the_policy_names_its_model_folder(tmp_path):
+    (tmp_path / "model").mkdir()  # mcgpo sft --out RUN: the policy is RUN/model
+    with pytest.raises(PolicyLoadError) as caught:
+        load_policy(tmp_path)
+    assert str(caught.value).endswith(
+        f"; it holds a run: its policy is {str(tmp_path / 'model')!r}"
+    )
+
+
 def test_folder_without_weights_names_the_model(small_policy, tmp_path):
     model, tok = small_policy
     folder = save_policy(model, tok, tmp_path / "p")

@@ -82,3 +82,40 @@ def test_the_environment_built_to_check_the_options_is_closed(monkeypatch):
     cfg = resolve_command("train", ["--env.name", "closing", "--out", "unused"])
     check_environment(cfg)
     assert [env.closed for env in built] == [True]
+
+
+def test_sft_into_a_folder_with_a_policy_is_one_line_and_writes_nothing(tmp_path, capsys):
+    from mcgpo.cli import main
+
+    run = tmp_path / "run"  # a finished run (sft or train): its policy and its records
+    (run / "model").mkdir(parents=True)
+    (run / "model" / "config.json").write_text("{}")
+    (run / "config.toml").write_text("# mcgpo train --out run\n")
+    (run / "metrics.jsonl").write_text('{"update": 0}\n')
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    assert main(["sft", "--preset", "household-smoke", "--out", str(run)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        f"mcgpo sft: error: run folder {str(run)!r} already holds a run (its model/); "
+        "mcgpo sft starts a fresh one: use another --out"
+    )
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
+
+
+def test_sft_refuses_a_train_runs_checkpoint_and_takes_a_warm_start_that_stopped(tmp_path):
+    from mcgpo.training.run_folder import check_sft_folder
+
+    def cfg(folder):
+        return resolve_command("sft", ["--preset", "household-smoke", "--out", str(folder)])
+
+    trained = tmp_path / "trained"  # stopped after a checkpoint, before its model/
+    (trained / "checkpoints" / "update-000001" / "model").mkdir(parents=True)
+    (trained / "checkpoints" / "update-000001" / "trainer.pt").write_bytes(b"x")
+    (trained / "checkpoints" / "latest").write_text("update-000001")
+    with pytest.raises(ConfigError, match=r"already holds a run \(its checkpoints/\)"):
+        check_sft_folder(cfg(trained))
+    stopped = tmp_path / "stopped"  # an sft that stopped before saving: bench starts it again
+    stopped.mkdir()
+    (stopped / "metrics.jsonl").write_text('{"update": 0}\n')
+    check_sft_folder(cfg(stopped))
+    check_sft_folder(cfg(tmp_path / "new"))

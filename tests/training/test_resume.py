@@ -7,6 +7,7 @@ rollout seeds derive from (seed, update).
 
 from __future__ import annotations
 
+import shutil
 import sys
 
 import pytest
@@ -168,3 +169,33 @@ def test_a_component_option_from_the_command_line_equals_its_saved_value():
     assert fixed_changes({"env.retries": 0}, {"env.retries": "1"}, fixed) == [
         "env.retries is '1' but the run was started with 0"
     ]
+
+
+def test_a_run_stopped_before_its_first_checkpoint_resumes_from_update_0(run, tmp_path, capsys):
+    whole, stopped = tmp_path / "whole", tmp_path / "stopped"
+    run(whole, "--train.updates", "2")
+    run(stopped, "--train.updates", "2")
+    # as Ctrl-C in update 2 of a run saving every 4 leaves it: config.toml, the first records
+    shutil.rmtree(stopped / "checkpoints")
+    shutil.rmtree(stopped / "model")
+    lines = (stopped / "metrics.jsonl").read_text().splitlines(keepends=True)
+    (stopped / "metrics.jsonl").write_text("".join(lines[:3]))
+    capsys.readouterr()
+    assert main(["train", "--out", str(stopped)]) == 2  # a fresh run there: it holds a run
+    assert "already holds a run" in capsys.readouterr().err
+    assert main(["train", "--resume", "--out", str(stopped)]) == 0  # used to be a dead end
+    err = capsys.readouterr().err
+    assert "the run stopped before its first checkpoint: it starts again from update 0" in err
+    a = load_file(str(whole / "model/model.safetensors"))
+    b = load_file(str(stopped / "model/model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+    def records(folder):  # written again from update 0, not appended to the old ones
+        return [
+            (r["update"], r.get("eval/success"), r.get("loss/policy"))
+            for r in read_metrics(folder / "metrics.jsonl")
+        ]
+
+    assert records(whole) == records(stopped)
+    first = (stopped / "config.toml").read_text().splitlines()[:2]
+    assert first[1] == f"# resumed: mcgpo train --resume --out {stopped}"

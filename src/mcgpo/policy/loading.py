@@ -84,8 +84,11 @@ def load_policy(
     if is_adapter_folder(folder):  # a LoRA run's model: its base with the adapters merged
         return _load_adapter_folder(folder, dtype=dtype, device=device)
     if not (folder / "config.json").is_file():
+        inner = folder / "model"  # a run folder (mcgpo sft / train --out): its policy is inside
+        hint = f"; it holds a run: its policy is {str(inner)!r}" if inner.is_dir() else ""
         raise PolicyLoadError(
-            f"policy folder {str(folder)!r} has no config.json (not a Hugging Face model folder)"
+            f"policy folder {str(folder)!r} has no config.json (not a Hugging Face model "
+            f"folder){hint}"
         )
     try:
         with _quiet():
@@ -140,6 +143,9 @@ def _load_adapter_folder(
         raise PolicyLoadError(
             f"adapter folder {str(folder)!r}: cannot load the adapters ({first})"
         ) from err
+    # PEFT loads for inference (the base frozen) and the merge keeps that: trainable again,
+    # as a plain folder loads (mcgpo train --model <adapter folder> fine-tunes every weight)
+    model.requires_grad_(True)
     return model, _adapter_tokenizer(folder, tokenizer)
 
 

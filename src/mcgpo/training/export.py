@@ -7,8 +7,9 @@ the merged model and the tokenizer go to ``--out`` (default: ``merged`` beside t
 folder, i.e. ``RUN/merged`` for a run folder), written into
 a temporary folder first and renamed into place, so an interrupted export leaves no half
 folder. The same folder as ``train.lora_merge true`` writes at the end of a run.
-Bad input (no adapter folder there, a base that cannot be loaded, an ``--out`` that
-exists) is one line, exit 2.
+Bad input (no folder there, a run without LoRA (its ``model/`` is already a plain model
+folder), no adapter folder, a base that cannot be loaded, an ``--out`` that exists, a
+command-line mistake) is one line, exit 2.
 """
 
 from __future__ import annotations
@@ -19,14 +20,22 @@ import shutil
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NoReturn
 
 from mcgpo.model_names import is_adapter_folder
 
 __all__ = ["main"]
 
 
+class _OneLineParser(argparse.ArgumentParser):
+    """A command-line mistake is one line on stderr, exit 2 (argparse prints its usage too)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
 def main(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(
+    parser = _OneLineParser(
         prog="mcgpo export",
         description="write a LoRA run's adapters merged into a plain model folder",
     )
@@ -47,6 +56,14 @@ def main(argv: Sequence[str]) -> int:
 def export_merged(run: Path, out: Path | None = None) -> Path:
     """Merge the adapters of ``run`` into a plain model folder; returns it (module doc)."""
     adapters = run / "model" if is_adapter_folder(run / "model") else run
+    if not run.is_dir():
+        raise ValueError(f"{str(run)!r}: no such folder (give a run folder or its model/)")
+    plain = next((p for p in (run, run / "model") if (p / "config.json").is_file()), None)
+    if not is_adapter_folder(adapters) and plain is not None:
+        raise ValueError(
+            f"{str(run)!r} is not a LoRA run: {str(plain)!r} is already a plain model folder "
+            "(nothing to merge; pass it as --model as it is)"
+        )
     if not is_adapter_folder(adapters):
         raise ValueError(
             f"{str(run)!r} holds no LoRA adapter folder (adapter_config.json, in it or in "
@@ -62,6 +79,13 @@ def export_merged(run: Path, out: Path | None = None) -> Path:
     tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
     if tmp.exists():
         shutil.rmtree(tmp)
-    save_policy(model, tokenizer, tmp)
-    os.replace(tmp, target)
+    try:
+        save_policy(model, tokenizer, tmp)
+        os.replace(tmp, target)
+    except OSError as err:  # an --out that cannot be written: one line, no half folder left
+        shutil.rmtree(tmp, ignore_errors=True)
+        reason = err.strerror or type(err).__name__
+        raise ValueError(
+            f"--out {str(target)!r}: cannot write the merged model ({reason})"
+        ) from None
     return target

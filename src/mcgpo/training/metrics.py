@@ -226,19 +226,25 @@ def _fmt(name: str, value: float) -> str:
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
     """The records of a ``metrics.jsonl`` (an empty list if it does not exist); a line that
-    is not a JSON record is a one-line ConfigError naming the file and the line."""
+    is not a JSON record is a one-line ConfigError naming the file and the line, except an
+    unfinished last line (no newline yet: the run is writing it, or was killed while it
+    did), which is left out."""
     from mcgpo.training.config import ConfigError
 
     path = Path(path)
     if not path.is_file():
         return []
+    text = path.read_text(encoding="utf-8")
+    lines = text.splitlines()
     records = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
             record = json.loads(line)
         except json.JSONDecodeError as err:
+            if number == len(lines) and not text.endswith("\n"):  # still being written
+                break
             raise ConfigError(f"{path} line {number}: not a JSON record ({err.msg})") from None
         if not isinstance(record, dict):
             raise ConfigError(

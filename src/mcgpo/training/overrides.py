@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mcgpo.options import did_you_mean
+from mcgpo.options import did_you_mean, parse_scalar
 from mcgpo.training.checkpoint_folders import latest_checkpoint
 from mcgpo.training.config import ConfigError, RunConfig
 from mcgpo.training.config_layout import SECTIONS, coerce, flatten, from_dict, scalar_fields
@@ -104,6 +104,13 @@ def _is_bool(key: str) -> bool:
     return f is not None and str(f.type) == "bool"
 
 
+def _names_a_folder(value: str) -> bool:
+    """A value that is not true/false and is, or looks like, a folder (``runs/hq``)."""
+    if isinstance(parse_scalar(value), bool):
+        return False
+    return "/" in value or Path(value).is_dir()
+
+
 def parse_flags(command: str, tokens: Sequence[str]) -> Flags:
     """The overrides of ``mcgpo <command> <tokens>`` (module docstring for the syntax)."""
     if command not in COMMANDS:
@@ -141,6 +148,11 @@ def parse_flags(command: str, tokens: Sequence[str]) -> Flags:
                 raise ConfigError(f"option --{name} needs a value")
             else:
                 value, i = tokens[i], i + 1
+            if key == "resume" and _names_a_folder(value):  # --resume RUN
+                raise ConfigError(
+                    f"--resume takes no folder: the run is --out (mcgpo {command} --resume "
+                    f"--out {value})"
+                )
         values[key] = value
     return Flags(values, run)
 

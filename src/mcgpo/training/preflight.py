@@ -9,7 +9,7 @@ line in a fraction of a second:
   and, for ``--device cuda``, CUDA;
 * ``train``: the algorithm's options and the run folder (a fresh run needs one without a run,
   ``--resume`` its checkpoint and settings), as :func:`mcgpo.training.setup.prepare` checks
-  them again;
+  them again; ``sft``: a folder without a run (it is never overwritten);
 * ``eval`` of a run trained on a GPU, here without CUDA: the device came from the run's
   config.toml, not from ``--device``, so the evaluation runs on the CPU, in one process
   (the run's ``nproc``) with the HF sampler (its ``rollout.engine``), with a note naming
@@ -27,7 +27,7 @@ from mcgpo.training.algorithms import resolve_algo
 from mcgpo.training.config import ConfigError, RunConfig
 from mcgpo.training.environments import env_factory
 from mcgpo.training.overrides import eval_run_folder, parse_flags
-from mcgpo.training.run_folder import check_run_folder
+from mcgpo.training.run_folder import check_run_folder, check_sft_folder
 
 __all__ = ["check_environment", "preflight"]
 
@@ -45,6 +45,8 @@ def preflight(command: str, cfg: RunConfig, argv: Sequence[str]) -> tuple[RunCon
     if command == "train":
         algo = resolve_algo(cfg.algo, cfg.rollout.group_size)
         check_run_folder(dataclasses.replace(cfg, algo=algo))
+    if command == "sft":
+        check_sft_folder(cfg)
     return cfg, note
 
 

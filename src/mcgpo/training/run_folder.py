@@ -31,9 +31,12 @@ __all__ = [
     "RESUMABLE",
     "check_run_folder",
     "check_same_run",
+    "check_sft_folder",
     "code_version",
     "fixed_changes",
+    "interrupted_line",
     "saved_config",
+    "stopped_before_a_checkpoint",
     "unused_algo_keys",
     "writable_folder",
     "write_run_config",
@@ -182,12 +185,60 @@ def check_run_folder(cfg: RunConfig) -> None:
     folder = Path(cfg.out)
     checkpoint = latest_checkpoint(folder)
     if cfg.resume:
-        if checkpoint is None:
+        if not folder.is_dir():  # --out left at its default, or mistyped
+            raise ConfigError(f"--resume: no run folder {str(folder)!r} (--out names the run)")
+        if checkpoint is None and not stopped_before_a_checkpoint(folder):
             raise ConfigError(f"--resume: no checkpoint in {str(folder)!r}")
         check_same_run(folder / "config.toml", cfg)
     elif checkpoint is not None or (folder / "metrics.jsonl").exists():
         raise ConfigError(
             f"run folder {str(folder)!r} already holds a run; use --resume or another --out"
+        )
+
+
+def stopped_before_a_checkpoint(folder: Path) -> bool:
+    """A run that was started (its ``config.toml``) and stopped before it saved any
+    checkpoint (Ctrl-C during its first ``train.save_every`` updates): ``--resume`` starts
+    it again from update 0, with its settings."""
+    folder = Path(folder)
+    started = (folder / "config.toml").is_file()
+    return started and not any((folder / "checkpoints").glob("update-*"))
+
+
+def interrupted_line(command: str, cfg: RunConfig | None) -> str:
+    """The one line ``mcgpo <command>`` prints on Ctrl-C: what is left and how to go on."""
+    if cfg is None:
+        return f"mcgpo{' ' + command if command else ''}: interrupted"
+    out = str(cfg.out)
+    if command == "train":
+        checkpoint = latest_checkpoint(Path(out))
+        go_on = f"mcgpo train --resume --out {out}"
+        if checkpoint is not None:
+            update = int(checkpoint.name.rsplit("-", 1)[-1])
+            return (
+                f"mcgpo train: interrupted; {go_on} goes on from its checkpoint at update {update}"
+            )
+        if stopped_before_a_checkpoint(Path(out)):
+            return f"mcgpo train: interrupted before the first checkpoint; {go_on} starts it again"
+    if command == "sft" and not (Path(out) / "model").exists():
+        return "mcgpo sft: interrupted before the policy was saved; run the same command again"
+    if command == "eval":
+        return "mcgpo eval: interrupted; nothing was written (eval.json is written at the end)"
+    return f"mcgpo {command}: interrupted"
+
+
+def check_sft_folder(cfg: RunConfig) -> None:
+    """``mcgpo sft`` starts a fresh run: a folder with a policy in it (``model/``, or a
+    checkpoint: an sft or a train run) is refused, not overwritten. One without (a warm start
+    that stopped before saving, which ``mcgpo bench`` starts again) is written into."""
+    folder = Path(cfg.out)
+    held = "model/" if (folder / "model").exists() else None
+    if held is None and latest_checkpoint(folder) is not None:
+        held = "checkpoints/"
+    if held is not None:
+        raise ConfigError(
+            f"run folder {str(folder)!r} already holds a run (its {held}); mcgpo sft starts a "
+            "fresh one: use another --out"
         )
 
 

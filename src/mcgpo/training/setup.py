@@ -63,7 +63,14 @@ from mcgpo.training.env_pools import RunPools
 from mcgpo.training.metrics import MetricSinks, SilentSinks
 from mcgpo.training.pending import Batch, read_pending
 from mcgpo.training.presets import load_preset
-from mcgpo.training.run_folder import check_run_folder, writable_folder, write_run_config
+from mcgpo.training.run_folder import (
+    check_run_folder,
+    check_sft_folder,
+    stopped_before_a_checkpoint,
+    writable_folder,
+    write_run_config,
+)
+from mcgpo.training.run_lock import lock_run_folder
 from mcgpo.training.runtime import apply_runtime, check_device
 from mcgpo.training.tracking import check_trackers_installed
 
@@ -136,8 +143,12 @@ def prepare(cfg: RunConfig, command: str = "", *, kind: str, world: World = SING
 
         cfg = dataclasses.replace(cfg, algo=resolve_algo(cfg.algo, cfg.rollout.group_size))
         check_run_folder(cfg)
+    if kind == "sft":
+        check_sft_folder(cfg)
     make_env = env_factory(cfg)
     folder = writable_folder(cfg.out)
+    if kind != "eval" and world.main:  # one process writes a run folder at a time
+        lock_run_folder(folder, command)
     barrier(world)  # every rank has checked the folder before rank 0 writes into it
     if kind != "eval" and world.main:
         write_run_config(folder, cfg, command)
@@ -179,7 +190,11 @@ def setup_run(cfg: RunConfig, command: str = "", world: World = SINGLE) -> Run:
         )  # FSDP2
     updates_done, cursor = 0, cfg.seed * 1_000_000
     state, notes, pending = None, [], []
-    if cfg.resume:
+    if cfg.resume and stopped_before_a_checkpoint(setup.folder):
+        notes.append(
+            "the run stopped before its first checkpoint: it starts again from update 0"
+        )  # as a fresh run, with the saved settings; its records are written again
+    elif cfg.resume:
         lora_model = model if lora else None  # LoRA: the checkpoint holds the adapters only
         state, model, pending, notes = _usable_checkpoint(cfg, setup.folder, world, lora_model)
         updates_done, cursor = state.update, state.task_cursor
@@ -210,7 +225,7 @@ def setup_run(cfg: RunConfig, command: str = "", world: World = SINGLE) -> Run:
         sinks = MetricSinks(
             setup.folder,
             report_to=cfg.trackers(),
-            resume_at=updates_done if cfg.resume else None,
+            resume_at=(-1 if state is None else updates_done) if cfg.resume else None,
             config=load_preset(str(setup.folder / "config.toml")),  # as written, code included
         )
     fields = {f.name: getattr(setup, f.name) for f in dataclasses.fields(RunSetup)}

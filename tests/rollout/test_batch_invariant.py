@@ -16,20 +16,20 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from rollout_fakes import CounterEnv
-from test_rollout_overlap import ServedCounter, SlowCounter, assert_same_rollout, response_ids
+from test_rollout_overlap import (
+    OPTIONS,
+    N,
+    ServedCounter,
+    SlowCounter,
+    assert_same_rollout,
+    response_ids,
+    run,
+)
 from test_rollout_streams import group_rows
 
 from mcgpo.rollout import CollectOptions, collect
 from mcgpo.training.config import ConfigError
 from mcgpo.training.overrides import resolve_command
-
-N = 3
-OPTIONS = {"split": "train", "temperature": 1.0, "history": 2, "max_new_tokens": 6}
-
-
-def run(policy, tasks, env=CounterEnv, **kw):
-    options = CollectOptions(group_size=N, **{**OPTIONS, **kw})
-    return collect(*policy, env, tasks, options)
 
 
 def assert_identical(a, b):

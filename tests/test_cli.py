@@ -85,7 +85,7 @@ def one_line_error(err: str) -> str:
             "mcgpo: error: choose a command: sft, train, eval, bench, ablate, sweep, presets, "
             "report, alfworld-generate, env or export",
         ),
-        (["report", "no/such/run"], "mcgpo: error: run folder 'no/such/run' not found"),
+        (["report", "no/such/run"], "mcgpo report: error: run folder 'no/such/run' not found"),
     ],
 )
 def test_bad_command_lines_give_one_line_and_exit_2(capsys, argv, message):

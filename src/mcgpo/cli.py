@@ -248,7 +248,7 @@ def _plot_target(folders: list[str], plot: str | None) -> tuple[list[str], Path 
     if plot and not plot.lower().endswith(".png"):
         folders, plot = [plot, *folders], ""
     if not folders:
-        raise UsageError("report: name at least one run folder")
+        raise UsageError("name at least one run folder")
     if plot is None:
         return folders, None
     if plot:
@@ -374,7 +374,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             leave_launched_process(code)
         return code
     except (UsageError, ConfigError) as err:
-        command = argv[0] if argv and argv[0] in COMMANDS else ""
+        command = argv[0] if argv and argv[0] in (*COMMANDS, "presets", "report") else ""
         print(f"mcgpo{' ' + command if command else ''}: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # Ctrl-C: one line saying what is left and how to go on

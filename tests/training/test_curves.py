@@ -87,7 +87,7 @@ def test_report_plot_writes_a_png_for_one_and_for_several_runs(tmp_path, capsys,
 def test_report_plot_bad_input_is_one_line_exit_2(tmp_path, capsys):
     empty = write_run(tmp_path / "empty", [{"update": 0, "eval/episodes": 2}])
     assert main(["report", "--plot"]) == 2
-    assert capsys.readouterr().err == "mcgpo: error: report: name at least one run folder\n"
+    assert capsys.readouterr().err == "mcgpo report: error: name at least one run folder\n"
     with pytest.raises(ValueError, match=r"'.*empty' has no curves in metrics\.jsonl"):
         plot_runs([empty], tmp_path / "x.png")
     blocker = tmp_path / "file"
@@ -95,4 +95,4 @@ def test_report_plot_bad_input_is_one_line_exit_2(tmp_path, capsys):
     a = mcgpo_run(tmp_path / "a")
     assert main(["report", str(a), "--plot", str(blocker / "x.png")]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("mcgpo: error: --plot ") and err.count("\n") == 1
+    assert err.startswith("mcgpo report: error: --plot ") and err.count("\n") == 1

@@ -351,7 +351,7 @@ def test_a_damaged_metrics_line_in_report_names_file_and_line(trained, tmp_path,
     (broken / "metrics.jsonl").write_text("\n".join(lines) + "\n")
     assert main(["report", str(broken)]) == 2
     assert one_line(capsys.readouterr().err).startswith(
-        f"mcgpo: error: {broken / 'metrics.jsonl'} line 2: not a JSON record ("
+        f"mcgpo report: error: {broken / 'metrics.jsonl'} line 2: not a JSON record ("
     )
 
 

@@ -272,3 +272,25 @@ def test_report_of_a_run_being_written_leaves_out_its_unfinished_last_line(capsy
     (tmp_path / "run" / "metrics.jsonl").write_text('{"update": 0}\n{"upd\n{"update": 1}\n')
     code, _, err = run_cli(capsys, "report", run)
     assert code == 2 and "metrics.jsonl line 2: not a JSON record" in one_line_error(err)
+
+
+@pytest.mark.parametrize(
+    ("argv", "prog"),
+    [
+        (["alfworld-generate", "--n-per-type", "many"], "mcgpo alfworld-generate"),
+        (["export", "--bogus"], "mcgpo export"),
+        (["env", "serve", "--bogus"], "mcgpo env serve"),
+        (["bench", "--bogus"], "mcgpo bench"),
+    ],
+)
+def test_every_commands_parser_answers_a_mistake_in_one_line(capsys, argv, prog):
+    """The commands with parsers of their own share mcgpo.command_line.OneLineParser:
+    ``<prog>: error: ...``, exit 2, no usage lines (alfworld-generate printed them)."""
+    if argv[0] == "alfworld-generate":
+        pytest.importorskip("alfworld")
+    try:
+        code = main(argv)
+    except SystemExit as stop:
+        code = stop.code
+    assert code == 2
+    assert one_line_error(capsys.readouterr().err).startswith(f"{prog}: error: ")

@@ -1,7 +1,7 @@
 """The shape of the source tree: short functions, short algorithm files, no import cycles.
 
 The layer order itself (cli > bench > training > rollout > policy > credit > ground >
-update_choices : model_names) and the cycles between sibling packages are import-linter
+update_choices : model_names : command_line) and the cycles between sibling packages are import-linter
 contracts in pyproject.toml, run by scripts/test.sh (``lint-imports``). This file checks what those contracts do not: function
 and file lengths, and cycles between any two modules, a package's ``__init__`` included.
 """

@@ -27,10 +27,10 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
 
 from mcgpo.bench.runner import Variant, default_parallel
 from mcgpo.bench.study import run_study, split_items
+from mcgpo.command_line import OneLineParser
 from mcgpo.options import did_you_mean
 
 __all__ = ["ABLATIONS", "SWEEP", "ablate_main", "bench_main", "parse_study", "sweep_main"]
@@ -72,15 +72,8 @@ SWEEP: dict[str, tuple[str, ...]] = {
 }
 
 
-class _OneLineParser(argparse.ArgumentParser):
-    """Bad input gives one line on stderr and exit code 2 (argparse prints usage too)."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
 def _parser(prog: str, description: str) -> argparse.ArgumentParser:
-    p = _OneLineParser(prog=prog, description=description, allow_abbrev=False)
+    p = OneLineParser(prog=prog, description=description, allow_abbrev=False)
     p.add_argument(
         "--preset",
         "--config",

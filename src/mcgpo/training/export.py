@@ -14,28 +14,20 @@ command-line mistake) is one line, exit 2.
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NoReturn
 
+from mcgpo.command_line import OneLineParser
 from mcgpo.model_names import is_adapter_folder
 
 __all__ = ["main"]
 
 
-class _OneLineParser(argparse.ArgumentParser):
-    """A command-line mistake is one line on stderr, exit 2 (argparse prints its usage too)."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
 def main(argv: Sequence[str]) -> int:
-    parser = _OneLineParser(
+    parser = OneLineParser(
         prog="mcgpo export",
         description="write a LoRA run's adapters merged into a plain model folder",
     )

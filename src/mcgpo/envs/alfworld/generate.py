@@ -15,7 +15,6 @@ attempt of the same (split, seed) is then drawn (deterministically).
 
 from __future__ import annotations
 
-import argparse
 import fcntl
 import json
 import multiprocessing
@@ -25,6 +24,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from mcgpo.command_line import OneLineParser
 from mcgpo.envs.alfworld.engine import solve
 from mcgpo.envs.alfworld.problem import GENERATOR_VERSION, build_game
 from mcgpo.envs.alfworld_keys import TASK_TYPES
@@ -186,7 +186,7 @@ def generate_games(
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``mcgpo alfworld-generate``: write solvable ALFWorld-style games to a folder."""
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="mcgpo alfworld-generate",
         description="Generate solvable ALFWorld-style games (all six task types) offline from "
         "the alfworld wheel's assets, in the official json_2.1.1 layout.",

@@ -17,8 +17,9 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from typing import Any, NoReturn
+from typing import Any
 
+from mcgpo.command_line import OneLineParser
 from mcgpo.envs.serving.security import check_bind, read_token, token_file_warning
 from mcgpo.options import parse_scalar
 
@@ -27,18 +28,13 @@ __all__ = ["main"]
 DEFAULT_PORT = 8765
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        raise SystemExit(_fail(message))
-
-
 def _fail(message: str) -> int:
     print(f"mcgpo env serve: error: {message}", file=sys.stderr)
     return 2
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = _Parser(
+    parser = OneLineParser(
         prog="mcgpo env serve",
         description="Serve a registered environment over HTTP (docs/envs/serving.md).",
         allow_abbrev=False,

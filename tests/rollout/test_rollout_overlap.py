@@ -28,6 +28,7 @@ from rollout_fakes import CounterEnv, CounterSpec
 
 from mcgpo.rollout import CollectOptions, collect
 from mcgpo.rollout import group_rollout as rollout_module
+from mcgpo.rollout import turns as turns_module
 from mcgpo.rollout.group_rollout import env_pieces
 
 N = 3
@@ -198,7 +199,7 @@ def test_one_half_steps_while_the_other_decodes(counter_policy, monkeypatch):
     tasks = [0, 1]  # 6 environments: halves 0-2 and 3-5
     b_decoding = threading.Event()
     seen: dict[str, bool] = {}
-    real = rollout_module.SAMPLERS["dynamic"]
+    real = turns_module.SAMPLERS["dynamic"]
 
     def sampler(model, prompts, *, generator, **kw):
         if len(prompts) and generator[0] is generators_of_b[0]:
@@ -220,7 +221,7 @@ def test_one_half_steps_while_the_other_decodes(counter_policy, monkeypatch):
                 seen["thread"] = threading.current_thread() is not threading.main_thread()
             return super().step(action)
 
-    monkeypatch.setitem(rollout_module.SAMPLERS, "dynamic", sampler)
+    monkeypatch.setitem(turns_module.SAMPLERS, "dynamic", sampler)
     monkeypatch.setattr(rollout_module, "_sampling", sampling)
     run(counter_policy, tasks, env=WaitingCounter, seed=1, overlap_env=True)
     assert seen == {"first": True, "thread": True}
@@ -230,14 +231,14 @@ def test_next_prompts_are_built_in_the_stepper_threads(counter_policy, monkeypat
     """Overlapped, a piece's rows are recorded and its next prompts tokenized (one batch call)
     in the thread that stepped it, beside other pieces' decoding; only the first turn's are
     built by the decoder. Sequentially every turn's are built in one call by the caller."""
-    real = rollout_module.prompts_ids
+    real = turns_module.prompts_ids
     threads: list[tuple[str, int]] = []
 
     def spy(tokenizer, decisions, **kw):
         threads.append((threading.current_thread().name, len(decisions)))
         return real(tokenizer, decisions, **kw)
 
-    monkeypatch.setattr(rollout_module, "prompts_ids", spy)
+    monkeypatch.setattr(turns_module, "prompts_ids", spy)
     tasks = [0, 1]  # 6 environments: pieces 0-2 and 3-5
     overlapped = run(counter_policy, tasks, seed=2, overlap_env=True)
     me = threading.current_thread().name

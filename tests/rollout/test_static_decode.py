@@ -300,8 +300,7 @@ def test_collect_hands_decode_attention_to_the_static_sampler_only(counter_polic
     the dynamic sampler is not given it."""
     from rollout_fakes import CounterEnv
 
-    from mcgpo.rollout import collect
-    from mcgpo.rollout import group_rollout as gr
+    from mcgpo.rollout import collect, turns
     from mcgpo.training.build import collect_options
     from mcgpo.training.config import RolloutConfig, RunConfig
 
@@ -315,7 +314,7 @@ def test_collect_hands_decode_attention_to_the_static_sampler_only(counter_polic
 
         return draw
 
-    monkeypatch.setattr(gr, "SAMPLERS", {name: spy(name) for name in SAMPLERS})
+    monkeypatch.setattr(turns, "SAMPLERS", {name: spy(name) for name in SAMPLERS})
     cfg = RunConfig(rollout=RolloutConfig(sampler="static", decode_attention="sdpa"))
     opts = collect_options(cfg, "action", split="train", temperature=1.0, group_size=2, seed=0)
     assert (opts.sampler, opts.decode_attention) == ("static", "sdpa")

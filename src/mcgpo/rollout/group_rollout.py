@@ -1,5 +1,8 @@
 """Group rollouts: G tasks x N sibling environments, all live environments sampled together.
 
+This module plays a collection (:func:`collect`); one turn's decode, step and recording are
+:mod:`mcgpo.rollout.turns`, the settings :mod:`mcgpo.rollout.collect_options`.
+
 Settings (group size, split, sampling, prompt budget) come in one :class:`CollectOptions`.
 Each task seed in ``tasks`` is played by ``group_size`` sibling environments reset with the
 same seed (the same task). Environment ``e = g * N + slot`` plays task ``tasks[g]``; its
@@ -56,24 +59,21 @@ Prompt budget: a prompt longer than ``max_prompt_tokens`` is re-rendered without
 from __future__ import annotations
 
 import contextlib
-import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 import torch
 
-from mcgpo.envs.pool import DEFAULT_STEP_TIMEOUT, EnvPool
+from mcgpo.envs.pool import EnvPool
 from mcgpo.envs.protocol import Env, Observation
-from mcgpo.rollout.decode_attention import DECODE_ATTENTIONS
+from mcgpo.rollout.collect_options import DEFAULT_MAX_NEW_TOKENS, CollectOptions
 from mcgpo.rollout.overlap import env_pieces, play_overlapped
-from mcgpo.rollout.parsing import parse_action
-from mcgpo.rollout.prompts import default_response_format, prompts_ids, stop_strings
-from mcgpo.rollout.records import Rollout, Tally, Trajectory, assemble, record_turn
-from mcgpo.rollout.sampler import Samples
-from mcgpo.rollout.static_decode import SAMPLERS
+from mcgpo.rollout.prompts import default_response_format, stop_strings
+from mcgpo.rollout.records import Rollout, Tally, Trajectory, assemble
+from mcgpo.rollout.turns import RolloutTurns, Sampling
 
 __all__ = [
     "DEFAULT_MAX_NEW_TOKENS",
@@ -85,87 +85,6 @@ __all__ = [
     "open_pool",
     "sampling_generators",
 ]
-
-# Response budget per format: the recipe's 512 for reasoning responses (reference §1.4);
-# an action line is a handful of tokens.
-DEFAULT_MAX_NEW_TOKENS = {"think": 512, "action": 32}
-
-
-@dataclass(frozen=True, kw_only=True)
-class CollectOptions:
-    """How :func:`collect` plays its tasks; checked when built (one-line ``ValueError``).
-
-    The recipe's values (group size, split, temperature, history) have no defaults here:
-    their defaults are the run configuration's, and the trainer and the evaluation build
-    every field from it (:func:`mcgpo.training.build.collect_options`). The optional fields
-    default to "derive it" (from the environment, the format, the tokenizer) or to no limit.
-    """
-
-    group_size: int  # N sibling rollouts per task
-    split: str  # env.reset(seed=task, split=split) gives the task
-    temperature: float  # sampling temperature (1.0 for training, 0.4 for evaluation)
-    history: int  # observation/action pairs shown in the prompt (h)
-    max_turns: int | None = None  # turn limit; None: each environment's max_turns
-    max_new_tokens: int | None = None  # response budget; None: 512 for "think", 32 for "action"
-    response_format: str | None = None  # "think" or "action"; None: by the tokenizer
-    seed: int = 0  # seeds the sampling generators: same seed and weights, same rollout
-    group_offset: int = 0  # global index of tasks[0]'s group (a rank's block); seeds only
-    max_prompt_tokens: int | None = None  # prompt budget (module docstring); None: no limit
-    workers: int = 0  # environment worker processes; 0: step in this process
-    step_timeout: float = DEFAULT_STEP_TIMEOUT  # seconds per step in a worker (workers > 0)
-    sampler: str = "dynamic"  # "dynamic" (sampler.sample) or "static" (static_decode)
-    decode_attention: str = "gqa"  # the static sampler's single-token attention (or "sdpa")
-    overlap_env: bool = False  # pieces of the rows: some step while others decode
-    overlap_pieces: int = 2  # how many fixed pieces with overlap_env (>= 2)
-    batch_invariant: bool = False  # one sampler call per row: no row's company matters
-
-    def __post_init__(self) -> None:
-        if self.group_size < 1:
-            raise ValueError(f"group_size must be >= 1, got {self.group_size}")
-        if not self.temperature >= 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if self.history < 0:
-            raise ValueError(f"history must be >= 0, got {self.history}")
-        for name in ("max_turns", "max_new_tokens", "max_prompt_tokens"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise ValueError(f"{name} must be >= 1 or None, got {value}")
-        if self.response_format is not None:
-            stop_strings(self.response_format)  # an unknown format is named
-        p = self.overlap_pieces
-        if isinstance(p, bool) or not isinstance(p, int) or p < 2:
-            raise ValueError(f"overlap_pieces must be an integer >= 2, got {p!r}")
-        if not isinstance(self.batch_invariant, bool):
-            raise ValueError(f"batch_invariant must be true or false, got {self.batch_invariant!r}")
-        for name in ("workers", "group_offset"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
-        if not self.step_timeout > 0 or self.step_timeout == float("inf"):
-            raise ValueError(f"step_timeout must be a finite number > 0, got {self.step_timeout}")
-        if self.sampler not in SAMPLERS:
-            raise ValueError(f"sampler must be one of {sorted(SAMPLERS)}, got {self.sampler!r}")
-        if self.decode_attention not in DECODE_ATTENTIONS:
-            raise ValueError(
-                f"decode_attention must be one of {list(DECODE_ATTENTIONS)}, "
-                f"got {self.decode_attention!r}"
-            )
-
-
-@dataclass(frozen=True)
-class _Sampling:
-    """What every turn samples with: the policy, the response format and the generators."""
-
-    model: Any
-    tokenizer: Any
-    options: CollectOptions
-    fmt: str  # the response format, resolved
-    budget: int  # max new tokens per response
-    stops: tuple[str, ...]
-    eos: list[int]
-    pad: int
-    generators: list[torch.Generator]  # [G * N] one per environment (sampling_generators)
-    engine: Any = None  # samples instead of SAMPLERS[options.sampler] when given
 
 
 def collect(
@@ -220,7 +139,9 @@ def collect(
         current: list[Observation | None] = list(first)
         task_type = ["" if o is None else o.task_type for o in first]
         trajs = [Trajectory() for _ in range(n_env)]
-        turns = _Turns(sampling, pool, limits, current, trajs, task_type, tally, chain, on_turn)
+        turns = RolloutTurns(
+            sampling, pool, limits, current, trajs, task_type, tally, chain, on_turn
+        )
         if options.overlap_env and n_env > 1:
             play_overlapped(turns, env_pieces(n_env, options.overlap_pieces))
         else:
@@ -248,13 +169,13 @@ def open_pool(env_factory: Callable[[], Env], n_env: int, opts: CollectOptions) 
 
 def _sampling(
     model: Any, tokenizer: Any, opts: CollectOptions, n_env: int, engine: Any = None
-) -> _Sampling:
+) -> Sampling:
     """Resolve the response format and token budget; seed the generators on the model's device."""
     fmt = opts.response_format or default_response_format(tokenizer)
     budget = DEFAULT_MAX_NEW_TOKENS[fmt] if opts.max_new_tokens is None else opts.max_new_tokens
     device = next(model.parameters()).device
     eos = eos_ids(model, tokenizer)
-    return _Sampling(
+    return Sampling(
         model=model,
         tokenizer=tokenizer,
         options=opts,
@@ -284,151 +205,6 @@ def sampling_generators(
     return out
 
 
-@dataclass
-class _Decoded:
-    """One sampler call's output for the live environments ``live`` of one turn."""
-
-    live: list[int]
-    prompts: list[list[int]]
-    out: Any  # the sampler's result (response_ids, log_probs)
-    texts: list[str]
-    parsed: list[tuple[str, bool]]  # (action, well-formed) per row
-
-
-@dataclass
-class _Turns:
-    """The turns of one collection: decode the live environments' prompts, step their
-    environments, record the rows. Sequentially (decode all, step all), or overlapped
-    (:func:`~mcgpo.rollout.overlap.play_overlapped`). Each environment's turn reads only its own observation,
-    history and generator, so both orders give the same tokens and episodes."""
-
-    s: _Sampling
-    pool: Any
-    limits: list[int]
-    current: list[Observation | None]
-    trajs: list[Trajectory]
-    task_type: list[str]
-    tally: Tally
-    chain: list[float]  # per environment: seconds of the decode and step calls it was in
-    on_turn: Callable[[int, int], None] | None = None  # (episodes finished, episodes)
-    counting: threading.Lock = field(default_factory=threading.Lock)  # the tally's counts
-    ready: dict[int, list[int]] = field(default_factory=dict)  # prompts built ahead (prepare)
-
-    def live(self, envs: Iterable[int], report: bool = False) -> list[int]:
-        """The environments of ``envs`` that play another turn; with ``report``, ``envs``
-        being all of them, ``on_turn`` hears how many have finished."""
-        trajs = self.trajs
-        live = [
-            e
-            for e in envs
-            if self.current[e] is not None
-            and not trajs[e].done
-            and not self.pool.errored[e]
-            and len(trajs[e].rows) < self.limits[e]
-        ]
-        if report and self.on_turn is not None:
-            self.on_turn(len(trajs) - len(live), len(trajs))
-        return live
-
-    def decode(self, live: list[int]) -> _Decoded:
-        """One sampler call for the prompts of ``live``; the parsed actions."""
-        s, opts = self.s, self.s.options
-        if all(e in self.ready for e in live):
-            prompts = [self.ready.pop(e) for e in live]
-        else:
-            prompts = self.prompts(live)
-        t0 = time.perf_counter()
-        draw = SAMPLERS[opts.sampler] if s.engine is None else _engine_sample(s.engine)
-        static = s.engine is None and opts.sampler == "static"
-        extra = {"decode_attention": opts.decode_attention} if static else {}
-
-        def call(rows: list[int], texts: list[list[int]]) -> Any:
-            return draw(
-                s.model, texts, temperature=opts.temperature, max_new_tokens=s.budget,
-                eos_token_id=s.eos, pad_token_id=s.pad, stop_strings=s.stops,
-                tokenizer=s.tokenizer, generator=[s.generators[e] for e in rows], **extra,
-            )  # fmt: skip
-
-        if opts.batch_invariant:  # each row alone: the same arithmetic in any company
-            alone = [call([e], [p]) for e, p in zip(live, prompts, strict=True)]
-            out = Samples([o.response_ids[0] for o in alone], [o.log_probs[0] for o in alone])
-        else:
-            out = call(live, prompts)
-        seconds = time.perf_counter() - t0
-        self.tally.sample_seconds += seconds
-        for e in live:
-            self.chain[e] += seconds
-        texts = s.tokenizer.batch_decode(out.response_ids, skip_special_tokens=True)
-        return _Decoded(live, prompts, out, texts, [parse_action(t, s.fmt) for t in texts])
-
-    def step(self, d: _Decoded) -> dict[int, Any]:
-        """One ``EnvPool.step`` of ``d``'s actions (``time/env``)."""
-        t0 = time.perf_counter()
-        results = self.pool.step({e: d.parsed[j][0] for j, e in enumerate(d.live)})
-        seconds = time.perf_counter() - t0
-        with self.counting:  # pieces may step at once (play_overlapped)
-            self.tally.env_seconds += seconds
-            for e in d.live:
-                self.chain[e] += seconds
-        return results
-
-    def prompts(self, live: list[int]) -> list[list[int]]:
-        """The prompt ids of ``live``'s next turn, tokenized in one call (counting the budget
-        fallbacks)."""
-        s, opts = self.s, self.s.options
-        decisions = []
-        for e in live:
-            obs = self.current[e]
-            assert obs is not None
-            decisions.append((obs, self.trajs[e].past))
-        built = prompts_ids(
-            s.tokenizer, decisions, history=opts.history, response_format=s.fmt,
-            max_prompt_tokens=opts.max_prompt_tokens,
-        )  # fmt: skip
-        with self.counting:
-            for e, (_, fit) in zip(live, built, strict=True):
-                _count_fit(self.tally, fit, opts.history > 0 and bool(self.trajs[e].past))
-        return [ids for ids, _ in built]
-
-    def prepare(self, envs: Iterable[int]) -> None:
-        """Build the next prompts of ``envs``' live environments now (play_overlapped: in the
-        thread that stepped them, beside other pieces' decoding: a fast tokenizer encodes a
-        batch without holding the GIL); their next ``decode`` takes them."""
-        live = self.live(envs)
-        self.ready.update(zip(live, self.prompts(live), strict=True))
-
-    def record(self, d: _Decoded, results: dict[int, Any]) -> None:
-        """The rows of ``d``'s turn; an environment that errored on the step has none."""
-        s, tally = self.s, self.tally
-        for j, e in enumerate(d.live):
-            ids = d.out.response_ids[j]
-            truncated = (
-                len(ids) == s.budget
-                and ids[-1] not in s.eos
-                and not any(x in d.texts[j] for x in s.stops)
-            )
-            with self.counting:  # pieces may record at once (play_overlapped)
-                tally.generated += len(ids)
-                tally.truncated += int(truncated)
-            if e not in results:  # the environment errored on this step
-                continue
-            obs, res = self.current[e], results[e]
-            assert obs is not None
-            action, valid = d.parsed[j]
-            tr = self.trajs[e]
-            record_turn(tr, obs, res, action, valid, e, s.options.group_size, self.task_type[e])
-            tr.prompts.append(d.prompts[j])
-            tr.responses.append(ids)
-            tr.log_probs.append(d.out.log_probs[j])
-            tr.texts.append(d.texts[j])
-            self.current[e] = res.observation
-
-
-def _engine_sample(engine: Any) -> Callable[..., Any]:
-    """The engine's ``sample`` with the sampler's signature (the model argument dropped)."""
-    return lambda _model, prompts, **kwargs: engine.sample(prompts, **kwargs)
-
-
 def eos_ids(model: Any, tokenizer: Any) -> list[int]:
     """EOS ids of the tokenizer and of the model's generation config (instruct models have two)."""
     ids: set[int] = set()
@@ -443,12 +219,3 @@ def eos_ids(model: Any, tokenizer: Any) -> list[int]:
     if not ids:
         raise ValueError("neither the tokenizer nor the model defines an eos_token_id")
     return sorted(ids)
-
-
-def _count_fit(tally: Tally, fit: str, had_history: bool) -> None:
-    """Count a prompt's budget fallback (:func:`~mcgpo.rollout.prompts.prompt_ids`'s fit):
-    re-rendered without history (also when then cut), or cut."""
-    if fit == "no_history" or (fit == "cut" and had_history):
-        tally.no_history += 1
-    if fit == "cut":
-        tally.cut += 1

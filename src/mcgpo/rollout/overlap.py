@@ -25,7 +25,7 @@ __all__ = ["Turns", "env_pieces", "play_overlapped"]
 
 
 class Turns(Protocol):
-    """What :func:`play_overlapped` plays with (the rollout's turns, group_rollout.py):
+    """What :func:`play_overlapped` plays with (the rollout's turns, turns.py):
     ``decode`` one sampler call for some live environments, ``step`` their environments,
     ``record`` the turn's rows and ``prepare`` their next prompts (each thread-safe for
     disjoint environments)."""

@@ -155,17 +155,16 @@ class RolloutTurns:
 
     def record(self, d: Decoded, results: dict[int, Any]) -> None:
         """The rows of ``d``'s turn; an environment that errored on the step has none."""
-        s, tally = self.s, self.tally
+        s, ids_of = self.s, d.out.response_ids
+        truncated = sum(
+            len(ids) == s.budget and ids[-1] not in s.eos and not any(x in t for x in s.stops)
+            for ids, t in zip(ids_of, d.texts, strict=True)
+        )
+        with self.counting:  # pieces may record at once (play_overlapped)
+            self.tally.generated += sum(len(ids) for ids in ids_of)
+            self.tally.truncated += truncated
         for j, e in enumerate(d.live):
-            ids = d.out.response_ids[j]
-            truncated = (
-                len(ids) == s.budget
-                and ids[-1] not in s.eos
-                and not any(x in d.texts[j] for x in s.stops)
-            )
-            with self.counting:  # pieces may record at once (play_overlapped)
-                tally.generated += len(ids)
-                tally.truncated += int(truncated)
+            ids = ids_of[j]
             if e not in results:  # the environment errored on this step
                 continue
             obs, res = self.current[e], results[e]
